@@ -1,0 +1,196 @@
+"""simplify_expr and bound: the rule tables, the index normal form, range analysis."""
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from treadle.ir.dtypes import float32, int32, int64, uint32
+from treadle.ir.expr import (Binary, Const, Var, cast, const, eq, logical_and, maximum, minimum,
+                             select)
+from treadle.ir.functor import evaluate
+from treadle.ir.simplify import Interval, bound, simplify_expr
+
+i, j, k, w, n = (Var(name) for name in "ijkwn")
+x, y = Var("x", float32), Var("y", float32)
+RANGES = {i: Interval(0, None), j: Interval(0, 7), w: Interval(0, 127), n: Interval(0, None)}
+
+
+def simplified(expr, ranges=RANGES) -> str:
+    return str(simplify_expr(expr, ranges))
+
+
+@pytest.mark.parametrize("expr, expected", [
+    (w // 8 * 8 + w % 8, "w"),
+    ((i * 8 + j) // 8, "i"),
+    ((i * 8 + j) % 8, "j"),
+    (w % 128, "w"),
+    (w // 128, "0"),
+    (w // 8 % 4 * 8 + w % 8, "w % 32"),
+    (w // 32 * 32 + w // 8 % 4 * 8 + w % 8, "w"),
+    ((w // 8) // 4, "w // 32"),
+    (w % 32 // 8, "w // 8 % 4"),
+    (w % 32 % 8, "w % 8"),
+    (w % 8 % 8, "w % 8"),
+    ((i * 8 + j) // 16, "i // 2"),
+    ((i * 4 + 2) // 8, "i // 2"),
+    ((k * 4 + 2) // 8, "(k * 2 + 1) // 4"),  # a common factor goes, whatever the sign
+    ((i * 8 + 16) // 8, "i + 2"),
+    ((i * 8 + j + 8) % 8, "j"),
+    ((i * 6) // 6, "i"),
+    ((k * 8) // 8, "k"),  # exact division needs no sign
+    ((k * 8 + 3) % 8 * 0, "0"),
+])
+def test_index_algebra(expr, expected):
+    assert simplified(expr) == expected
+
+
+@pytest.mark.parametrize("expr, expected", [
+    (4 + i, "i + 4"),
+    (i + 4 - 8, "i - 4"),
+    (8 * i + 4 + j, "i * 8 + j + 4"),
+    ((i + 1) * 8, "i * 8 + 8"),
+    (i - i, "0"),
+    (i + 0, "i"),
+    (i * 1, "i"),
+    (i * 0, "0"),
+    (3 - i, "3 - i"),
+    (j - i * 2, "j - i * 2"),
+    (0 - i, "-i"),
+    (i * 2 * 3, "i * 6"),
+    ((i * 2) * (j * 3), "i * j * 6"),
+    (-(-i), "i"),
+])
+def test_sums_are_normalised_with_the_constant_last(expr, expected):
+    assert simplified(expr) == expected
+
+
+@pytest.mark.parametrize("expr, expected", [
+    (const(7) // 2, "3"),
+    (const(-7) // 2, "-3"),  # C: rounds toward zero
+    (const(-7) % 2, "-1"),  # C: the dividend's sign
+    (const(7) // 0, "7 // 0"),
+    (const(7) % 0, "7 % 0"),
+    (minimum(3, 5) + maximum(3, 5), "8"),
+    (cast(const(3.7, float32), int32), "3"),
+    (cast(const(300), "int8"), "int8(300)"),  # would overflow: left alone
+    (const(2, uint32) - const(3, uint32), "2 - 3"),  # would wrap: left alone
+    (const(1.5, float32) * 2.0, "3.0"),
+    (~const(True, "bool"), "False"),
+    (const(0.1, float32) * 3.0, "0.30000001192092896"),  # float32 arithmetic, as in C
+])
+def test_constant_folding_follows_c(expr, expected):
+    assert simplified(expr, {}) == expected
+
+
+def test_division_rules_need_a_non_negative_dividend():
+    signed = {k: Interval(-1, 3), j: Interval(0, 7)}
+    assert simplified((k * 8 + j) // 8, signed) == "(k * 8 + j) // 8"
+    assert simplified((k * 8 + j) % 8, signed) == "(k * 8 + j) % 8"
+    assert simplified(k % 8, signed) == "k"  # |k| < 8: the remainder is k for either sign
+    assert simplified((k * 8 + j) // 8, {**signed, k: Interval(0, 3)}) == "k"
+
+
+@pytest.mark.parametrize("expr, expected", [
+    (j < 8, "True"),
+    (j >= 8, "False"),
+    (i < i + 1, "True"),
+    (eq(j, 9), "False"),
+    (j < 4, "j < 4"),
+    (i < n, "i < n"),
+    (~(i < n), "i >= n"),
+    (minimum(j, 8), "j"),
+    (maximum(j, 8), "8"),
+    (minimum(i, i + 2), "i"),
+    (minimum(i, n), "min(i, n)"),
+    (select(j < 8, i, n), "i"),
+    (select(i < n, j, j), "j"),
+    (logical_and(j < 8, i < n), "i < n"),
+    (logical_and(j > 8, i < n), "False"),
+    (Binary("or", j < 8, i < n), "True"),
+    (~~(i < n), "i < n"),
+])
+def test_conditions_decided_by_ranges(expr, expected):
+    assert simplified(expr) == expected
+
+
+@pytest.mark.parametrize("expr, expected", [
+    (x * 1.0, "x"),
+    (1.0 * x, "x"),
+    (x / 1.0, "x"),
+    (x - 0.0, "x"),
+    (x + 0.0, "x + 0.0"),  # -0.0 + 0.0 is +0.0
+    (x - (-0.0), "x - -0.0"),
+    (x * 0.0, "x * 0.0"),  # NaN * 0 is NaN
+    (x - x, "x - x"),
+    ((x + 1.0) + 2.0, "x + 1.0 + 2.0"),  # float addition does not associate
+    (x + (y + 1.0), "x + (y + 1.0)"),
+    (2.0 * x, "2.0 * x"),
+])
+def test_float_arithmetic_is_not_reordered(expr, expected):
+    assert simplified(expr) == expected
+
+
+def test_rewrites_keep_the_type():
+    small = Var("s", int32)
+    widened = Binary("+", small, Const(0, int64))  # int64, while `small` is int32
+    assert simplify_expr(widened).dtype == int64
+
+
+@pytest.mark.parametrize("expr, expected", [
+    (w * 2 + 1, Interval(1, 255)),
+    (j - w, Interval(-127, 7)),
+    (i * 8 + j, Interval(0, None)),
+    (k + 1, Interval(None, None)),
+    (w // 8, Interval(0, 15)),
+    ((j - 7) // 2, Interval(-3, 0)),  # toward zero
+    ((j - 7) % 4, Interval(-3, 0)),  # the dividend's sign
+    (w % 8, Interval(0, 7)),
+    (i % 8, Interval(0, 7)),
+    (minimum(w, 50), Interval(0, 50)),
+    (select(i < n, j, w), Interval(0, 127)),
+    (-j, Interval(-7, 0)),
+    (cast(j, int32), Interval(0, 7)),
+    (x * 2.0, Interval()),
+])
+def test_bound(expr, expected):
+    assert bound(expr, RANGES) == expected
+
+
+# ---- equivalence on random index expressions -----------------------------------------------
+
+VARS = (Var("a"), Var("b"), Var("c"))
+
+
+@st.composite
+def index_expr(draw, depth=3):
+    if depth == 0 or draw(st.integers(0, 4)) == 0:
+        return draw(st.sampled_from(VARS) | st.integers(-3, 9).map(const))
+    op = draw(st.sampled_from(["+", "-", "*", "//", "%", "min", "max", "sum"]))
+    a = draw(index_expr(depth - 1))
+    if op in ("//", "%"):
+        return Binary(op, a, const(draw(st.sampled_from([1, 2, 3, 4, 8, 16]))))
+    if op == "sum":  # index-like: a * c1 + b * c2 + c3
+        b = draw(index_expr(depth - 1))
+        c1, c2 = draw(st.sampled_from([1, 2, 4, 8])), draw(st.sampled_from([1, 2, 4, 8, -1]))
+        return a * c1 + b * c2 + draw(st.integers(-4, 9))
+    return Binary(op, a, draw(index_expr(depth - 1)))
+
+
+ranges_strategy = st.tuples(*[st.tuples(st.sampled_from([0, 0, 0, -3, 2]), st.integers(0, 9))
+                              for _ in VARS]).map(
+    lambda ends: {v: Interval(lo, lo + size) for v, (lo, size) in zip(VARS, ends)})
+
+
+@settings(max_examples=300, deadline=None)
+@given(index_expr(), ranges_strategy)
+def test_simplified_index_expressions_keep_their_value(expr, ranges):
+    result = simplify_expr(expr, ranges)
+    assert simplify_expr(result, ranges) == result, "simplification is not idempotent"
+    interval = bound(expr, ranges)
+    for values in itertools.product(*(range(r.lo, r.hi + 1) for r in ranges.values())):
+        env = dict(zip(ranges, values))
+        expected = evaluate(expr, env)
+        assert evaluate(result, env) == expected, f"{expr} -> {result} at {env}"
+        assert (interval.lo is None or interval.lo <= expected) and \
+               (interval.hi is None or expected <= interval.hi), f"bound {interval} of {expr}"

@@ -1,0 +1,1 @@
+"""Code generators (C) and the native build with its on-disk cache."""

@@ -1,0 +1,127 @@
+"""Compiling generated C into shared objects, through a content-addressed on-disk cache.
+
+An entry is the folder ``<cache_dir>/kernels/<key>/`` holding ``kernel.c``, ``kernel.so``
+and ``meta.json`` (with the .so's sha256). The key hashes everything that decides the
+binary: the source, the flags, the compiler's version line and the target's features.
+Files are written under temporary names in the entry folder and renamed into place, the
+json last; a hit is used only when the .so matches the hash in the json and loads, so a
+corrupt, truncated or half-written entry is rebuilt, never loaded.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Sequence
+
+from treadle.config import config
+from treadle.errors import CompileError
+from treadle.target.cpu import host
+
+# Every flag generated code is compiled with; the ISA flags (-mavx2 -mfma) come from the
+# target. No -ffast-math: kernels keep IEEE semantics (NaN, inf, signed zeros).
+BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno",
+              "-Werror=implicit-function-declaration")
+
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def compiler_flags() -> tuple[str, ...]:
+    return BASE_FLAGS + host().compiler_flags
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version(cc: str) -> str:
+    """The first line of ``cc --version``, which names the compiler and its version."""
+    try:
+        result = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as err:
+        raise CompileError(f"cannot run the C compiler {cc!r} ({err}); install gcc or set "
+                           "TREADLE_CC") from None
+    return result.stdout.splitlines()[0] if result.stdout else cc
+
+
+def cache_key(source: str) -> str:
+    identity = [source, list(compiler_flags()), compiler_version(config.cc),
+                list(host().features)]
+    return hashlib.sha256(json.dumps(identity).encode()).hexdigest()
+
+
+def build(source: str, name: str) -> Path:
+    """The path of a shared object compiled from ``source``, from the cache when a valid
+    entry exists; ``name`` only labels messages."""
+    key = cache_key(source)
+    entry = Path(config.cache_dir) / "kernels" / key
+    with _lock(key):
+        if _valid(entry):
+            return entry / "kernel.so"
+        return _compile(entry, source, name)
+
+
+def build_many(items: Sequence[tuple[str, str]]) -> list[Path]:
+    """``build`` for each ``(source, name)``, running compilers in parallel."""
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(len(items), os.cpu_count() or 1)) as pool:
+        return list(pool.map(lambda item: build(*item), items))
+
+
+def _lock(key: str) -> threading.Lock:
+    """One lock per key, so threads never compile the same source twice at once."""
+    with _locks_guard:
+        return _locks.setdefault(key, threading.Lock())
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _valid(entry: Path) -> bool:
+    try:
+        meta = json.loads((entry / "meta.json").read_text())
+        if meta["sha256"] != _sha256(entry / "kernel.so"):
+            return False
+        ctypes.CDLL(str(entry / "kernel.so"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _compile(entry: Path, source: str, name: str) -> Path:
+    entry.mkdir(parents=True, exist_ok=True)
+    src, so = entry / "kernel.c", entry / "kernel.so"
+    _write_atomic(src, source.encode())
+    fd, tmp = tempfile.mkstemp(dir=entry, prefix="kernel.so.", suffix=".tmp")
+    os.close(fd)
+    command = [config.cc, *compiler_flags(), "-o", tmp, str(src)]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise CompileError(f"{config.cc} failed to compile {name!r} (source: {src}):\n"
+                               f"$ {' '.join(command)}\n{result.stderr}")
+        digest = _sha256(Path(tmp))
+        os.replace(tmp, so)
+    except OSError as err:
+        raise CompileError(f"cannot compile {name!r} with {config.cc!r}: {err}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    meta = {"name": name, "sha256": digest, "compiler": compiler_version(config.cc),
+            "flags": list(compiler_flags())}
+    _write_atomic(entry / "meta.json", json.dumps(meta, indent=1).encode())
+    return so

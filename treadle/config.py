@@ -1,0 +1,90 @@
+"""Every knob treadle reads from the environment, read once at import.
+
+    from treadle.config import config, override
+    with override(dump_dir="/tmp/dump"):
+        ...
+
+| variable             | field        | meaning                                                |
+|----------------------|--------------|--------------------------------------------------------|
+| TREADLE_CACHE_DIR    | cache_dir    | compiled kernels and tuning records (~/.cache/treadle) |
+| TREADLE_DUMP         | dump_dir     | write every IR after every pass and generated sources  |
+| TREADLE_NUM_THREADS  | num_threads  | worker threads of generated kernels (usable cores)     |
+| TREADLE_VERIFY       | verify       | verify the IR after every pass (1) or only at the end  |
+| TREADLE_CC           | cc           | the C compiler (gcc)                                   |
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Iterator, Optional
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Config:
+    cache_dir: Path
+    dump_dir: Optional[Path]
+    num_threads: int
+    verify: bool
+    cc: str
+
+
+def _positive_int(name: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name}={text!r}: expected a positive integer")
+    return value
+
+
+def from_environment(env=os.environ) -> Config:
+    dump = env.get("TREADLE_DUMP")
+    threads = env.get("TREADLE_NUM_THREADS")
+    return Config(
+        cache_dir=Path(env.get("TREADLE_CACHE_DIR") or Path.home() / ".cache" / "treadle"),
+        dump_dir=Path(dump) if dump else None,
+        num_threads=_positive_int("TREADLE_NUM_THREADS", threads) if threads else _usable_cores(),
+        verify=env.get("TREADLE_VERIFY", "0") not in ("", "0"),
+        cc=env.get("TREADLE_CC") or "gcc",
+    )
+
+
+class _Current:
+    """Holds the active Config; attribute reads go to it so `config.x` is always current."""
+
+    def __init__(self, value: Config):
+        self.value = value
+
+    def __getattr__(self, name: str):
+        return getattr(self.value, name)
+
+
+config = _Current(from_environment())
+
+
+@contextlib.contextmanager
+def override(**changes) -> Iterator[Config]:
+    """Temporarily replaces some fields of the active configuration."""
+    known = {f.name for f in fields(Config)}
+    unknown = set(changes) - known
+    if unknown:
+        raise TypeError(f"unknown config fields {sorted(unknown)}; known: {sorted(known)}")
+    for key in ("cache_dir", "dump_dir"):
+        if changes.get(key) is not None:
+            changes[key] = Path(changes[key])
+    previous = config.value
+    config.value = replace(previous, **changes)
+    try:
+        yield config.value
+    finally:
+        config.value = previous

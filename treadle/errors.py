@@ -1,0 +1,37 @@
+"""The exceptions treadle raises. Each message names the node, tensor or argument at fault."""
+
+
+class TreadleError(Exception):
+    """Base of every error treadle raises on purpose."""
+
+
+class IRError(TreadleError):
+    """A malformed tensor program: an undefined variable, a rank mismatch, a bad mapping."""
+
+
+class UnsupportedOpError(TreadleError, NotImplementedError):
+    """The model uses an operator (or an attribute of one) that treadle does not support."""
+
+
+class ShapeError(TreadleError, ValueError):
+    """A tensor's shape does not fit what the program or graph expects."""
+
+
+class DTypeError(TreadleError, TypeError):
+    """A tensor's dtype does not fit what the program or graph expects."""
+
+
+class ArgumentError(TreadleError, ValueError):
+    """A call passed the wrong number, kind or layout of arguments."""
+
+
+class CompileError(TreadleError):
+    """The native compiler rejected generated code; the message holds its log."""
+
+
+class KernelError(TreadleError, RuntimeError):
+    """A check inside a running kernel failed (for example a symbolic-size condition)."""
+
+
+class ScheduleConfigError(TreadleError, ValueError):
+    """A schedule configuration is invalid for this workload or target; searches skip it."""

@@ -1,0 +1,132 @@
+"""Compute definitions: the single statement of what each output element of an operator is.
+
+    out = compute("relu", x.shape, lambda *i: maximum(x[i], 0.0))
+    s = reduce("rowsum", [n], [k], lambda i, r: x[i, r], "sum")
+
+A ``Compute`` names a tensor (its ``buffer``), the index variables of its elements, and an
+expression over them that loads from input buffers or from other computes' buffers; a
+reduction also has reduce variables, their extents and a combiner. Everything else about
+an operator follows from this: output shapes and dtypes, whether it is injective, the
+rule-based schedule, inlining into a fused kernel.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from treadle.ir.dtypes import DataType
+from treadle.ir.expr import Buffer, Const, Expr, Load, Var, as_expr, cast, maximum, minimum
+from treadle.ir.functor import walk
+
+_ids = itertools.count()
+
+
+def _lowest(t: DataType) -> Const:
+    if t.is_float:
+        return Const(-float("inf"), t)
+    return Const(-(1 << (t.bits - 1)) if t.kind == "int" else 0, t)
+
+
+def _highest(t: DataType) -> Const:
+    if t.is_float:
+        return Const(float("inf"), t)
+    return Const((1 << (t.bits - (1 if t.kind == "int" else 0))) - 1, t)
+
+
+# Each reduction: (its identity element for a dtype, how two partial values combine).
+REDUCERS: dict[str, tuple[Callable[[DataType], Expr], Callable[[Expr, Expr], Expr]]] = {
+    "sum": (lambda t: Const(0, t), lambda a, b: a + b),
+    "prod": (lambda t: Const(1, t), lambda a, b: a * b),
+    "max": (_lowest, maximum),
+    "min": (_highest, minimum),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Compute:
+    buffer: Buffer
+    axes: tuple[Var, ...]
+    value: Expr
+    reduce_axes: tuple[Var, ...] = ()
+    reduce_extents: tuple[Expr, ...] = ()
+    reduce_op: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.buffer.name
+
+    @property
+    def shape(self) -> tuple[Expr, ...]:
+        return self.buffer.shape
+
+    @property
+    def dtype(self) -> DataType:
+        return self.buffer.dtype
+
+    @property
+    def is_reduction(self) -> bool:
+        return self.reduce_op is not None
+
+    def __getitem__(self, indices) -> Load:
+        return self.buffer[indices]
+
+    def loads(self) -> list[Load]:
+        return [n for n in walk(self.value) if isinstance(n, Load)]
+
+
+# Computes refer to each other through loads of their buffers; this finds the compute
+# behind a buffer. Buffer names carry a unique number so two computes never share one.
+_BY_BUFFER: "weakref.WeakValueDictionary[Buffer, Compute]" = weakref.WeakValueDictionary()
+
+
+def producer_of(buffer: Buffer) -> Compute | None:
+    return _BY_BUFFER.get(buffer)
+
+
+def _make(name: str, value: Expr, shape: Sequence, **reduction) -> Compute:
+    buffer = Buffer(f"{name}_{next(_ids)}", value.dtype, tuple(shape))
+    c = Compute(buffer, **reduction, value=value)
+    _BY_BUFFER[buffer] = c
+    return c
+
+
+def _axes(count: int, prefix: str) -> tuple[Var, ...]:
+    uid = next(_ids)
+    return tuple(Var(f"{prefix}{d}_{uid}") for d in range(count))
+
+
+def compute(name: str, shape: Sequence, fcompute: Callable[..., Expr],
+            dtype: DataType | str | None = None) -> Compute:
+    """A tensor whose element at index ``i`` is ``fcompute(*i)``."""
+    axes = _axes(len(shape), "i")
+    value = as_expr(fcompute(*axes))
+    if dtype is not None:
+        value = cast(value, dtype)
+    return _make(name, value, shape, axes=axes)
+
+
+def reduce(name: str, shape: Sequence, reduce_shape: Sequence,
+           fcompute: Callable[..., Expr], op: str = "sum",
+           dtype: DataType | str | None = None) -> Compute:
+    """A tensor whose element at ``i`` combines ``fcompute(*i, *r)`` over every ``r`` in
+    ``reduce_shape`` with ``op`` (sum, prod, max or min)."""
+    if op not in REDUCERS:
+        raise ValueError(f"unknown reduction {op!r}; known: {', '.join(REDUCERS)}")
+    axes = _axes(len(shape), "i")
+    reduce_axes = _axes(len(reduce_shape), "r")
+    value = as_expr(fcompute(*axes, *reduce_axes))
+    if dtype is not None:
+        value = cast(value, dtype)
+    return _make(name, value, shape, axes=axes, reduce_axes=reduce_axes,
+                 reduce_extents=tuple(as_expr(e) for e in reduce_shape), reduce_op=op)
+
+
+def identity_of(op: str, dtype: DataType) -> Expr:
+    return REDUCERS[op][0](dtype)
+
+
+def combine(op: str, a: Expr, b: Expr) -> Expr:
+    return REDUCERS[op][1](a, b)
+

@@ -1,0 +1,119 @@
+"""Generic traversal of IR trees: walk, rewrite, substitute, evaluate.
+
+Children are found from dataclass fields, so a new node type needs no traversal code.
+Buffers are leaves: their shapes are part of their identity and are never rewritten here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterator, Mapping, Union
+
+from treadle.ir.expr import Binary, Cast, Const, Expr, Select, Unary, Var
+from treadle.ir.stmt import Stmt
+
+Node = Union[Expr, Stmt]
+
+
+def _is_node(value) -> bool:
+    return isinstance(value, (Expr, Stmt))
+
+
+def children(node: Node) -> Iterator[Node]:
+    for f in dataclasses.fields(node):
+        if not f.init:
+            continue
+        value = getattr(node, f.name)
+        if _is_node(value):
+            yield value
+        elif isinstance(value, tuple):
+            yield from (v for v in value if _is_node(v))
+
+
+def walk(node: Node) -> Iterator[Node]:
+    """Every node of the tree, parents before children."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(reversed(list(children(current))))
+
+
+def rewrite(node: Node, fn: Callable[[Node], Node | None]) -> Node:
+    """Rebuilds the tree bottom-up; ``fn`` sees each rebuilt node and returns a replacement
+    or None to keep it. Unchanged subtrees are shared, not copied."""
+    changes = {}
+    for f in dataclasses.fields(node):
+        if not f.init:
+            continue
+        value = getattr(node, f.name)
+        if _is_node(value):
+            new = rewrite(value, fn)
+        elif isinstance(value, tuple) and any(_is_node(v) for v in value):
+            new = tuple(rewrite(v, fn) if _is_node(v) else v for v in value)
+        else:
+            continue
+        if new is not value and new != value:
+            changes[f.name] = new
+    rebuilt = dataclasses.replace(node, **changes) if changes else node
+    result = fn(rebuilt)
+    return rebuilt if result is None else result
+
+
+def substitute(node: Node, mapping: Mapping[Var, Expr]) -> Node:
+    if not mapping:
+        return node
+    return rewrite(node, lambda n: mapping.get(n) if isinstance(n, Var) else None)
+
+
+def free_vars(node: Node) -> set[Var]:
+    return {n for n in walk(node) if isinstance(n, Var)}
+
+
+def _c_div(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def _c_mod(a: int, b: int) -> int:
+    return a - _c_div(a, b) * b
+
+
+def _div(a, b):
+    if isinstance(a, float) or isinstance(b, float):
+        return a / b
+    return _c_div(a, b)
+
+
+# Python meaning of each binary op on scalars, with the IR's (C's) integer division.
+SCALAR_BINARY = {
+    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+    "/": lambda a, b: a / b, "//": _div, "%": _c_mod,
+    "min": min, "max": max,
+    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
+    "and": lambda a, b: a and b, "or": lambda a, b: a or b,
+    "&": lambda a, b: a & b, "|": lambda a, b: a | b, "^": lambda a, b: a ^ b,
+    "<<": lambda a, b: a << b, ">>": lambda a, b: a >> b,
+}
+SCALAR_UNARY = {"neg": lambda a: -a, "not": lambda a: not a, "~": lambda a: ~a}
+
+
+def evaluate(expr: Expr, env: Mapping[Var, int | float | bool] = {}) -> int | float | bool:
+    """The value of a scalar expression over constants and bound variables, in Python.
+
+    Used for shape checks and constant folding; loads and calls are not evaluable here."""
+    if isinstance(expr, Const):
+        return expr.value
+    if isinstance(expr, Var):
+        if expr not in env:
+            raise KeyError(f"variable {expr.name} has no value")
+        return env[expr]
+    if isinstance(expr, Binary):
+        return SCALAR_BINARY[expr.op](evaluate(expr.a, env), evaluate(expr.b, env))
+    if isinstance(expr, Unary):
+        return SCALAR_UNARY[expr.op](evaluate(expr.a, env))
+    if isinstance(expr, Select):
+        return evaluate(expr.then if evaluate(expr.cond, env) else expr.otherwise, env)
+    if isinstance(expr, Cast):
+        return Const(evaluate(expr.value, env), expr.dtype).value
+    raise TypeError(f"cannot evaluate {type(expr).__name__} {expr} at compile time")

@@ -1,0 +1,30 @@
+"""The lowering pipeline from a hand-written or scheduled program to one ready for C.
+
+Order matters: task mappings become loops first, so that barrier splitting sees plain
+worker loops; simplification runs last, over the index arithmetic both passes introduce.
+"""
+from __future__ import annotations
+
+from treadle.config import config
+from treadle.dump import dump_text
+from treadle.ir.passes.lower_mapping import lower_mapping
+from treadle.ir.passes.simplify import simplify
+from treadle.ir.passes.split_barriers import split_barriers
+from treadle.ir.stmt import Function
+from treadle.ir.verify import verify
+
+PIPELINE = (lower_mapping, split_barriers, simplify)
+
+
+def lower(func: Function) -> Function:
+    """Runs the pipeline, verifying the input and the result (and every step when
+    ``TREADLE_VERIFY=1``), dumping each step under ``TREADLE_DUMP``."""
+    verify(func)
+    dump_text((func.name, "ir", "00_input.txt"), str(func))
+    for step, ir_pass in enumerate(PIPELINE, start=1):
+        func = ir_pass(func)
+        if config.verify:
+            verify(func)
+        dump_text((func.name, "ir", f"{step:02d}_{ir_pass.__name__}.txt"), str(func))
+    verify(func, lowered=True)
+    return func

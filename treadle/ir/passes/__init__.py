@@ -1,0 +1,1 @@
+"""IR passes, one per module; the pipeline that orders them is treadle.ir.lower."""

@@ -1,0 +1,64 @@
+"""Primitive functions callable from tensor programs.
+
+One table holds each primitive's arity, result type and numpy meaning; the C printer has
+its own table of spellings keyed by the same names, and fails naming the primitive when a
+spelling is missing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from treadle.ir.dtypes import DataType
+
+
+@dataclass(frozen=True)
+class Primitive:
+    name: str
+    arity: int
+    numpy: Callable  # element-wise (or lane-wise) meaning, used by the IR interpreter
+    result: str = "same"  # "same": type of the first argument; "scalar": its element type
+
+    def result_dtype(self, args) -> DataType:
+        if len(args) != self.arity:
+            raise TypeError(f"primitive {self.name} takes {self.arity} arguments, got {len(args)}")
+        first = args[0].dtype
+        if self.name in FLOAT_ONLY and not first.scalar.is_float:
+            raise TypeError(f"primitive {self.name} needs a float argument, got {first}")
+        return first.scalar if self.result == "scalar" else first
+
+
+def _erf(x):
+    from math import erf
+    return np.vectorize(erf, otypes=[np.asarray(x).dtype])(x)
+
+
+PRIMITIVES = {p.name: p for p in (
+    Primitive("exp", 1, np.exp),
+    Primitive("log", 1, np.log),
+    Primitive("sqrt", 1, np.sqrt),
+    Primitive("tanh", 1, np.tanh),
+    Primitive("erf", 1, _erf),
+    Primitive("sin", 1, np.sin),
+    Primitive("cos", 1, np.cos),
+    Primitive("abs", 1, np.abs),
+    Primitive("floor", 1, np.floor),
+    Primitive("ceil", 1, np.ceil),
+    Primitive("round", 1, np.rint),
+    Primitive("pow", 2, np.power),
+    Primitive("fma", 3, lambda a, b, c: a * b + c),
+    Primitive("reduce_add", 1, lambda v: np.sum(v, dtype=v.dtype), "scalar"),
+    Primitive("reduce_max", 1, np.max, "scalar"),
+    Primitive("reduce_min", 1, np.min, "scalar"),
+)}
+
+FLOAT_ONLY = {"exp", "log", "sqrt", "tanh", "erf", "sin", "cos", "floor", "ceil", "round",
+              "pow", "fma"}
+
+
+def lookup(name: str) -> Primitive:
+    if name not in PRIMITIVES:
+        raise KeyError(f"unknown primitive function {name!r}; known: {', '.join(sorted(PRIMITIVES))}")
+    return PRIMITIVES[name]

@@ -1,0 +1,136 @@
+"""Rule-based scheduling (Hidet 5.1.3): a tensor program from compute definitions alone.
+
+Rules, applied to the computes an operator defines:
+* an injective compute used by another is inlined into it (its expression substituted at
+  each load), so element-wise chains become one expression;
+* every output and every reduction another compute reads is materialised, reductions
+  first: outputs in the operator's buffers, intermediate reductions in workspaces;
+* a materialised tensor is a loop nest whose outer dimensions are flattened into one
+  parallel loop (threads) over rows, with the last dimension innermost and contiguous, so
+  the C compiler can vectorise it; a reduction keeps a scalar accumulator per element.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from treadle.ir.compute import Compute, combine, identity_of, producer_of
+from treadle.ir.expr import Buffer, Expr, Load, Var, as_expr
+from treadle.ir.functor import free_vars, rewrite, substitute, walk
+from treadle.ir.mapping import unravel
+from treadle.ir.stmt import Assert, DeclBuffer, For, Function, Let, Seq, Stmt, Store
+from treadle.ir.builder import seq
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A scheduled tensor program and how its buffer parameters relate to the operator:
+    ``inputs`` are indices of operator inputs, ``outputs`` of operator outputs, and
+    ``workspaces`` are scratch buffers the caller allocates."""
+    function: Function
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    workspaces: tuple[Buffer, ...]
+
+
+def schedule_computes(name: str, inputs: Sequence[Buffer | None], outputs: Sequence[Compute],
+                      checks: Sequence[tuple[Expr, str]] = ()) -> Kernel:
+    computes = _reachable(outputs)
+    inline = _Inliner(computes)
+    materialised = _materialise_order(outputs, computes)
+    workspaces = tuple(c.buffer for c in materialised if c not in outputs)
+    body = [Assert(cond, message) for cond, message in checks]
+    for c in materialised:
+        body.append(_loop_nest(c, inline))
+    body_stmt = seq(body) if body else Seq(())
+    used = {n.buffer for n in walk(body_stmt) if isinstance(n, (Load, Store))}
+    input_ids = tuple(k for k, b in enumerate(inputs) if b is not None and b in used)
+    params: list = [inputs[k] for k in input_ids]
+    params += [c.buffer for c in outputs] + list(workspaces)
+    symbols = sorted({v for p in params for d in p.shape for v in free_vars(d)} |
+                     (free_vars(body_stmt) - _bound_vars(body_stmt)), key=lambda v: v.name)
+    function = Function(name, tuple(params) + tuple(symbols), body_stmt)
+    return Kernel(function, input_ids, tuple(range(len(outputs))), workspaces)
+
+
+def _bound_vars(stmt: Stmt) -> set[Var]:
+    return {n.var for n in walk(stmt) if isinstance(n, (For, Let))}
+
+
+def _reachable(outputs: Sequence[Compute]) -> dict[Buffer, Compute]:
+    """Every compute the outputs read from, by the buffer that names it."""
+    found: dict[Buffer, Compute] = {}
+    stack = list(outputs)
+    while stack:
+        c = stack.pop()
+        if c.buffer not in found:
+            found[c.buffer] = c
+            stack.extend(p for load in c.loads() if (p := producer_of(load.buffer)) is not None)
+    return found
+
+
+def _materialise_order(outputs: Sequence[Compute], computes: dict[Buffer, Compute]) -> list[Compute]:
+    """Reductions read by others, then outputs, each after everything it depends on."""
+    order: list[Compute] = []
+
+    def needs(c: Compute) -> list[Compute]:
+        deps = []
+        for load in c.loads():
+            d = computes.get(load.buffer)
+            if d is None:
+                continue
+            deps += [d] if d.is_reduction or d in outputs else needs(d)
+        return deps
+
+    def visit(c: Compute) -> None:
+        if c in order:
+            return
+        for d in needs(c):
+            visit(d)
+        order.append(c)
+    for c in outputs:
+        visit(c)
+    return order
+
+
+class _Inliner:
+    def __init__(self, computes: dict[Buffer, Compute]):
+        self.computes = computes
+
+    def __call__(self, expr: Expr) -> Expr:
+        def visit(node):
+            if not isinstance(node, Load):
+                return None
+            c = self.computes.get(node.buffer)
+            if c is None or c.is_reduction:
+                return None
+            return self(substitute(c.value, dict(zip(c.axes, node.indices))))
+        return rewrite(expr, visit)
+
+
+def _loop_nest(c: Compute, inline: _Inliner) -> Stmt:
+    shape = c.shape
+    if not shape:
+        return _element(c, (), inline)
+    outer_shape, inner = shape[:-1], shape[-1]
+    j = Var(f"{c.name}_j")
+    if not outer_shape:
+        return For(j, inner, _element(c, (j,), inline), "parallel")
+    row = Var(f"{c.name}_row")
+    outer_count = as_expr(1)
+    for d in outer_shape:
+        outer_count = outer_count * d
+    index = (*unravel(row, outer_shape), j)
+    return For(row, outer_count, For(j, inner, _element(c, index, inline)), "parallel")
+
+
+def _element(c: Compute, index: Sequence[Expr], inline: _Inliner) -> Stmt:
+    value = inline(substitute(c.value, dict(zip(c.axes, index))))
+    if not c.is_reduction:
+        return Store(c.buffer, tuple(index), value)
+    acc = Buffer(f"{c.name}_acc", c.dtype, (), "local")
+    update: Stmt = Store(acc, (), combine(c.reduce_op, acc[()], value))
+    for var, extent in reversed(list(zip(c.reduce_axes, c.reduce_extents))):
+        update = For(var, extent, update)
+    return Seq((DeclBuffer(acc), Store(acc, (), identity_of(c.reduce_op, c.dtype)), update,
+                Store(c.buffer, tuple(index), acc[()])))

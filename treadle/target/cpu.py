@@ -1,0 +1,78 @@
+"""The CPU treadle generates code for: SIMD width, registers, caches, cores.
+
+Every hardware number a schedule uses comes from here. Values are read from the running
+machine (``/proc/cpuinfo``, ``/sys/devices/system/cpu``) once; where the system does not
+say, conservative defaults for an AVX2 x86-64 core stand in.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+from treadle.config import config
+
+# ISA extensions treadle emits code for, in the order they are tried. AVX-512 is left out
+# on purpose: our users' machines are AVX2 + FMA, and kernels built here must run there.
+SUPPORTED_FEATURES = ("avx2", "fma")
+DEFAULT_CACHES = {1: 32 * 1024, 2: 512 * 1024, 3: 8 * 1024 * 1024}
+
+
+@dataclass(frozen=True)
+class CpuTarget:
+    features: tuple[str, ...]
+    l1d_bytes: int
+    l2_bytes: int
+    l3_bytes: int
+    vector_registers: int = 16
+
+    @property
+    def cores(self) -> int:
+        return config.num_threads
+
+    @property
+    def simd_bytes(self) -> int:
+        return 32 if "avx2" in self.features else 16
+
+    def lanes(self, element_bytes: int = 4) -> int:
+        """SIMD lanes of one vector register for elements of the given size."""
+        return self.simd_bytes // element_bytes
+
+    @property
+    def compiler_flags(self) -> tuple[str, ...]:
+        return tuple(f"-m{f}" for f in self.features)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _cache_sizes() -> dict[int, int]:
+    sizes = dict(DEFAULT_CACHES)
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            text = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction":
+            continue
+        unit = {"K": 1024, "M": 1024 * 1024}.get(text[-1], 1)
+        sizes[level] = int(text.rstrip("KM")) * unit
+    return sizes
+
+
+@functools.lru_cache(maxsize=None)
+def host() -> CpuTarget:
+    flags = _cpu_flags()
+    caches = _cache_sizes()
+    features = tuple(f for f in SUPPORTED_FEATURES if f in flags)
+    return CpuTarget(features, caches[1], caches[2], caches[3])

@@ -44,7 +44,8 @@ def onnxruntime_matmul(b: np.ndarray):
         [helper.make_tensor_value_info("A", TensorProto.FLOAT, [SIZE, SIZE])],
         [helper.make_tensor_value_info("C", TensorProto.FLOAT, [SIZE, SIZE])],
         [numpy_helper.from_array(b, "B")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    # ONNX Runtime reads models up to a given IR version; 9 covers opset 17.
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     options = ort.SessionOptions()
     options.intra_op_num_threads = config.num_threads
     session = ort.InferenceSession(model.SerializeToString(), options,

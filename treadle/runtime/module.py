@@ -59,8 +59,12 @@ class CompiledFunction:
         values = bind_arguments(self.function, arrays, symbols)
         self._check_overlap(arrays)
         buffers = iter(arrays)
-        args = [next(buffers).ctypes.data if isinstance(p, Buffer) else values[p]
-                for p in self.function.params]
+        self.call_unchecked([next(buffers).ctypes.data if isinstance(p, Buffer) else values[p]
+                             for p in self.function.params])
+
+    def call_unchecked(self, args: Sequence) -> None:
+        """Runs the kernel on raw arguments in parameter order (addresses for buffers),
+        for executors that have already checked every shape and dtype."""
         status = self._entry(*args)
         if status != 0:
             message = (self._messages[status - 1] if 0 < status <= len(self._messages)

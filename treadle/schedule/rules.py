@@ -11,7 +11,7 @@ Rules, applied to the computes an operator defines:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from treadle.ir.compute import Compute, combine, identity_of, producer_of
@@ -49,8 +49,35 @@ def schedule_computes(name: str, inputs: Sequence[Buffer | None], outputs: Seque
     params += [c.buffer for c in outputs] + list(workspaces)
     symbols = sorted({v for p in params for d in p.shape for v in free_vars(d)} |
                      (free_vars(body_stmt) - _bound_vars(body_stmt)), key=lambda v: v.name)
-    function = Function(name, tuple(params) + tuple(symbols), body_stmt)
-    return Kernel(function, input_ids, tuple(range(len(outputs))), workspaces)
+    function = _canonical_names(Function(name, tuple(params) + tuple(symbols), body_stmt),
+                                len(input_ids), len(outputs))
+    workspace_params = function.buffers[len(input_ids) + len(outputs):]
+    return Kernel(function, input_ids, tuple(range(len(outputs))), workspace_params)
+
+
+def _canonical_names(func: Function, num_inputs: int, num_outputs: int) -> Function:
+    """Names by role and order of appearance (x0.., y0.., w0.. for parameters, i0.. for
+    loop variables), so operators with the same schedule give identical functions, which
+    are compiled once."""
+    names = [f"x{k}" for k in range(num_inputs)] + [f"y{k}" for k in range(num_outputs)]
+    names += [f"w{k}" for k in range(len(func.buffers) - len(names))]
+    buffers = {b: replace(b, name=n) for b, n in zip(func.buffers, names)}
+    symbols = set(func.symbols)
+    variables: dict[Var, Var] = {}
+    for node in walk(func.body):
+        if isinstance(node, Var) and node not in symbols and node not in variables:
+            variables[node] = Var(f"i{len(variables)}", node.dtype)
+        if isinstance(node, DeclBuffer):
+            buffers[node.buffer] = replace(node.buffer, name=f"acc{len(buffers)}")
+
+    def rename(node):
+        if isinstance(node, Var):
+            return variables.get(node)
+        if isinstance(node, (Load, Store, DeclBuffer)) and node.buffer in buffers:
+            return replace(node, buffer=buffers[node.buffer])
+        return None
+    params = tuple(buffers.get(p, p) for p in func.params)
+    return Function(func.name, params, rewrite(func.body, rename), func.attrs)
 
 
 def _bound_vars(stmt: Stmt) -> set[Var]:

@@ -1,2 +1,7 @@
-"""Operator families; importing this package registers every operator."""
-from treadle.graph.ops import elementwise  # noqa: F401
+"""Operator families, one module each; importing this package registers every operator."""
+import importlib
+import pkgutil
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "common":
+        importlib.import_module(f"{__name__}.{_module.name}")

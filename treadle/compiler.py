@@ -1,0 +1,69 @@
+"""From a graph to an executable: schedule every operator, build the kernels, plan steps.
+
+Operators that only reinterpret their input's memory (reshape and friends) become views.
+Every other operator is scheduled into a kernel; operators whose kernels come out
+identical (the same schedule on the same shapes, as in repeated layers) share one. Kernels
+are built in a few shared objects in parallel, since one C file per kernel would pay the
+compiler's start-up cost hundreds of times and one file for all would use a single core.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+from treadle.backend.build import build_many
+from treadle.backend.c import generate
+from treadle.dump import dump_text
+from treadle.graph.graph import Graph
+from treadle.ir.lower import lower
+from treadle.ir.stmt import Function
+from treadle.runtime.executor import Executable, Slot, Step
+from treadle.runtime.module import CompiledFunction, load
+from treadle.schedule.rules import schedule_computes
+
+FUNCTIONS_PER_OBJECT = 24
+
+
+def compile_graph(graph: Graph) -> Executable:
+    tensors = graph.tensors
+    slot_of = {id(t): k for k, t in enumerate(tensors)}
+    slots = [Slot(t.name, t.dtype, t.shape) for t in tensors]
+    constants = {slot_of[id(t)]: t.data for t in tensors if t.is_constant}
+
+    unique: dict[Function, Function] = {}
+    plans = []
+    for index, op in enumerate(graph.nodes):
+        outputs = tuple(slot_of[id(t)] for t in op.outputs)
+        if op.opdef.view:
+            plans.append((op.name, None, (slot_of[id(op.inputs[0])],), outputs, ()))
+            continue
+        kernel = schedule_computes(f"k{index}_{op.op_type}", op.input_buffers, op.definition,
+                                   op.checks)
+        key = replace(kernel.function, name="")
+        function = unique.setdefault(key, kernel.function)
+        args = tuple(slot_of[id(op.inputs[i])] for i in kernel.inputs)
+        args += tuple(outputs[o] for o in kernel.outputs)
+        args += tuple(-k - 1 for k in range(len(kernel.workspaces)))
+        workspaces = tuple(Slot(w.name, w.dtype, w.shape) for w in kernel.workspaces)
+        plans.append((op.name, function.name, args, outputs, workspaces))
+
+    kernels = build_functions(list(unique.values()), graph.name)
+    steps = [Step(name, None if fn is None else kernels[fn], args, outs, ws)
+             for name, fn, args, outs, ws in plans]
+    return Executable(slots, [slot_of[id(t)] for t in graph.inputs],
+                      [slot_of[id(t)] for t in graph.outputs], constants, steps)
+
+
+def build_functions(functions: Sequence[Function], name: str) -> dict[str, CompiledFunction]:
+    """Lowers and builds functions in several shared objects at once."""
+    lowered = [lower(f) for f in functions]
+    groups = [lowered[k:k + FUNCTIONS_PER_OBJECT]
+              for k in range(0, len(lowered), FUNCTIONS_PER_OBJECT)]
+    sources = [generate(group) for group in groups]
+    for k, source in enumerate(sources):
+        dump_text((name, f"kernels_{k}.c"), source)
+    paths = build_many([(source, f"{name}_{k}") for k, source in enumerate(sources)])
+    compiled: dict[str, CompiledFunction] = {}
+    for path, group in zip(paths, groups):
+        compiled.update(load(path, group).functions)
+    return compiled

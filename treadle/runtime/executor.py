@@ -1,0 +1,236 @@
+"""Running a compiled graph: argument checks, the memory plan and the kernel list.
+
+The graph's tensors are slots. A step either runs a kernel on slots (plus scratch
+workspaces) or makes a slot a reshaped view of another (reshape-like operators cost
+nothing). Intermediate tensors and workspaces live in one arena per call, placed by a
+first-fit plan over their lifetimes, so memory is reused once a tensor is dead. Sizes may
+depend on symbols, so the plan is computed per distinct set of symbol values and cached.
+Each call gets its own arena, so a compiled model may be called from several threads.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+from treadle.errors import ArgumentError, DTypeError, ShapeError
+from treadle.graph.tensor import Dim
+from treadle.ir.dtypes import DataType
+from treadle.ir.expr import Expr, Var
+from treadle.ir.functor import evaluate, free_vars
+from treadle.runtime.module import CompiledFunction
+
+ALIGN = 64
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    dtype: DataType
+    shape: tuple[Dim, ...]
+
+
+@dataclass(frozen=True)
+class Step:
+    """``kernel`` over ``args`` (slot ids; negative -k-1 means workspace k of this step), or
+    with ``kernel`` None, ``outputs[0]`` as a view of ``args[0]``."""
+    name: str
+    kernel: Optional[CompiledFunction]
+    args: tuple[int, ...]
+    outputs: tuple[int, ...]
+    workspaces: tuple[Slot, ...] = ()
+
+
+@dataclass
+class _Plan:
+    shapes: dict[int, tuple[int, ...]]
+    offsets: dict[object, int]  # slot id or (step, workspace) -> arena offset
+    arena_bytes: int
+
+
+def _size_bytes(dtype: DataType, shape: Sequence[int]) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * dtype.numpy.itemsize
+
+
+class Executable:
+    def __init__(self, slots: Sequence[Slot], inputs: Sequence[int], outputs: Sequence[int],
+                 constants: Mapping[int, np.ndarray], steps: Sequence[Step]):
+        self.slots = tuple(slots)
+        self.inputs = tuple(inputs)
+        self.outputs = tuple(outputs)
+        self.constants = dict(constants)
+        self.steps = tuple(steps)
+        self.symbols = sorted({v for s in self.slots for d in s.shape if isinstance(d, Expr)
+                               for v in free_vars(d)}, key=lambda v: v.name)
+        self._plans: dict[tuple, _Plan] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def input_names(self) -> list[str]:
+        return [self.slots[i].name for i in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [self.slots[i].name for i in self.outputs]
+
+    def __call__(self, *args, **named) -> list[np.ndarray]:
+        arrays = self._arguments(args, named)
+        symbols = self._bind(arrays)
+        plan = self._plan(symbols)
+        arena = np.empty(plan.arena_bytes + ALIGN, np.uint8)
+        base = (-arena.ctypes.data) % ALIGN
+        values: dict[int, np.ndarray] = dict(self.constants)
+        values.update(zip(self.inputs, arrays))
+        for slot in self.outputs:
+            if slot not in values:
+                values[slot] = np.empty(plan.shapes[slot], self.slots[slot].dtype.numpy)
+
+        def view(key, dtype: DataType, shape) -> np.ndarray:
+            start = base + plan.offsets[key]
+            return arena[start:start + _size_bytes(dtype, shape)].view(dtype.numpy).reshape(shape)
+
+        for index, step in enumerate(self.steps):
+            for out in step.outputs:
+                if out not in values and step.kernel is not None:
+                    values[out] = view(out, self.slots[out].dtype, plan.shapes[out])
+            if step.kernel is None:
+                source = values[step.args[0]]
+                result = source.reshape(plan.shapes[step.outputs[0]])
+                if step.outputs[0] in self.outputs:
+                    values[step.outputs[0]][...] = result
+                else:
+                    values[step.outputs[0]] = result
+                continue
+            workspaces = [view((index, k), w.dtype, _evaluate_shape(w.shape, symbols))
+                          for k, w in enumerate(step.workspaces)]
+            pointers = [values[a].ctypes.data if a >= 0 else workspaces[-a - 1].ctypes.data
+                        for a in step.args]
+            scalars = [symbols[p] for p in step.kernel.function.params[len(pointers):]]
+            step.kernel.call_unchecked(pointers + scalars)
+        return [self._owned(values[s], s) for s in self.outputs]
+
+    def _owned(self, array: np.ndarray, slot: int) -> np.ndarray:
+        # Inputs and constants returned as outputs are copied: the caller owns the result.
+        if slot in self.inputs or slot in self.constants:
+            return array.copy()
+        return array
+
+    # ---- arguments -----------------------------------------------------------------------
+    def _arguments(self, args, named) -> list[np.ndarray]:
+        names = self.input_names
+        if args and named:
+            raise ArgumentError("pass inputs either by position or by name, not both")
+        if named:
+            unknown = set(named) - set(names)
+            missing = [n for n in names if n not in named]
+            if unknown or missing:
+                raise ArgumentError(f"inputs are {names}; unknown {sorted(unknown)}, "
+                                    f"missing {missing}")
+            args = [named[n] for n in names]
+        if len(args) == 1 and isinstance(args[0], dict):
+            return self._arguments((), args[0])
+        if len(args) != len(names):
+            raise ArgumentError(f"the model takes {len(names)} inputs {names}, got {len(args)}")
+        return [self._as_array(a, self.slots[i]) for a, i in zip(args, self.inputs)]
+
+    @staticmethod
+    def _as_array(value, slot: Slot) -> np.ndarray:
+        if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch tensor
+            value = value.detach().cpu().numpy()
+        if not isinstance(value, np.ndarray):
+            raise ArgumentError(f"input {slot.name!r}: expected a numpy array, got "
+                                f"{type(value).__name__}")
+        if value.dtype != slot.dtype.numpy:
+            raise DTypeError(f"input {slot.name!r}: expected dtype {slot.dtype}, got {value.dtype}")
+        if value.ndim != len(slot.shape):
+            raise ShapeError(f"input {slot.name!r}: expected rank {len(slot.shape)} "
+                             f"{_format(slot.shape)}, got shape {value.shape}")
+        return np.ascontiguousarray(value)
+
+    def _bind(self, arrays: Sequence[np.ndarray]) -> dict[Var, int]:
+        symbols: dict[Var, int] = {}
+        for array, i in zip(arrays, self.inputs):
+            for dim, actual in zip(self.slots[i].shape, array.shape):
+                if isinstance(dim, Var) and dim not in symbols:
+                    symbols[dim] = int(actual)
+        for array, i in zip(arrays, self.inputs):
+            slot = self.slots[i]
+            try:
+                expected = _evaluate_shape(slot.shape, symbols)
+            except KeyError as err:
+                raise ArgumentError(f"input {slot.name!r}: {err}") from None
+            if tuple(array.shape) != expected:
+                raise ShapeError(f"input {slot.name!r}: expected shape {_format(slot.shape)} = "
+                                 f"{list(expected)}, got {list(array.shape)}")
+        return symbols
+
+    # ---- memory plan ---------------------------------------------------------------------
+    def _plan(self, symbols: dict[Var, int]) -> _Plan:
+        key = tuple(symbols.get(v) for v in self.symbols)
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._plans[key] = self._make_plan(symbols)
+        return plan
+
+    def _make_plan(self, symbols: dict[Var, int]) -> _Plan:
+        shapes = {i: _evaluate_shape(s.shape, symbols) for i, s in enumerate(self.slots)}
+        for i, shape in shapes.items():
+            if any(d < 0 for d in shape):
+                raise ShapeError(f"tensor {self.slots[i].name!r} would have negative shape "
+                                 f"{list(shape)} for {dict((v.name, x) for v, x in symbols.items())}")
+        intervals = self._lifetimes(shapes, symbols)
+        offsets, total = _first_fit(intervals)
+        return _Plan(shapes, offsets, total)
+
+    def _lifetimes(self, shapes, symbols) -> list[tuple[object, int, int, int]]:
+        """(key, first step, last step, bytes) of everything that lives in the arena."""
+        external = set(self.inputs) | set(self.constants) | set(self.outputs)
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        root: dict[int, int] = {}
+        workspaces = []
+        for index, step in enumerate(self.steps):
+            for a in step.args:
+                if a >= 0:
+                    last[root.get(a, a)] = index
+            for out in step.outputs:
+                if step.kernel is None:
+                    root[out] = root.get(step.args[0], step.args[0])
+                else:
+                    first.setdefault(out, index)
+                    last.setdefault(out, index)
+            for k, w in enumerate(step.workspaces):
+                workspaces.append(((index, k), index, index,
+                                   _size_bytes(w.dtype, _evaluate_shape(w.shape, symbols))))
+        arena = [(s, first[s], last[s], _size_bytes(self.slots[s].dtype, shapes[s]))
+                 for s in first if s not in external]
+        return arena + workspaces
+
+
+def _first_fit(intervals) -> tuple[dict[object, int], int]:
+    """Offsets such that tensors alive at the same time never overlap; largest first."""
+    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
+    offsets: dict[object, int] = {}
+    total = 0
+    for key, start, stop, size in sorted(intervals, key=lambda x: -x[3]):
+        size = -(-size // ALIGN) * ALIGN
+        offset = 0
+        for o, e, s, t in sorted((p for p in placed if not (p[3] < start or stop < p[2]))):
+            if offset + size <= o:
+                break
+            offset = max(offset, e)
+        placed.append((offset, offset + size, start, stop))
+        offsets[key] = offset
+        total = max(total, offset + size)
+    return offsets, total
+
+
+def _evaluate_shape(shape: Sequence[Dim], symbols: Mapping[Var, int]) -> tuple[int, ...]:
+    return tuple(d if isinstance(d, int) else int(evaluate(d, symbols)) for d in shape)
+
+
+def _format(shape: Sequence[Dim]) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"

@@ -15,16 +15,19 @@ from treadle.backend.build import build_many
 from treadle.backend.c import generate
 from treadle.dump import dump_text
 from treadle.graph.graph import Graph
+from treadle.graph.optimize import optimize
 from treadle.ir.lower import lower
 from treadle.ir.stmt import Function
 from treadle.runtime.executor import Executable, Slot, Step
 from treadle.runtime.module import CompiledFunction, load
-from treadle.schedule.rules import schedule_computes
+from treadle.schedule.operator import schedule_operator
 
 FUNCTIONS_PER_OBJECT = 24
 
 
-def compile_graph(graph: Graph) -> Executable:
+def compile_graph(graph: Graph, optimize_graph: bool = True) -> Executable:
+    if optimize_graph:
+        graph = optimize(graph)
     tensors = graph.tensors
     slot_of = {id(t): k for k, t in enumerate(tensors)}
     slots = [Slot(t.name, t.dtype, t.shape) for t in tensors]
@@ -34,11 +37,12 @@ def compile_graph(graph: Graph) -> Executable:
     plans = []
     for index, op in enumerate(graph.nodes):
         outputs = tuple(slot_of[id(t)] for t in op.outputs)
-        if op.opdef.view:
+        # A view whose symbolic sizes need a run-time check runs as a copying kernel,
+        # since only kernels check conditions.
+        if op.opdef.view and not op.checks:
             plans.append((op.name, None, (slot_of[id(op.inputs[0])],), outputs, ()))
             continue
-        kernel = schedule_computes(f"k{index}_{op.op_type}", op.input_buffers, op.definition,
-                                   op.checks)
+        kernel = schedule_operator(op, f"k{index}_{op.op_type}")
         key = replace(kernel.function, name="")
         function = unique.setdefault(key, kernel.function)
         args = tuple(slot_of[id(op.inputs[i])] for i in kernel.inputs)

@@ -33,5 +33,9 @@ class KernelError(TreadleError, RuntimeError):
     """A check inside a running kernel failed (for example a symbolic-size condition)."""
 
 
+class ModelError(TreadleError, ValueError):
+    """A model file or saved model is malformed, corrupt or incomplete."""
+
+
 class ScheduleConfigError(TreadleError, ValueError):
     """A schedule configuration is invalid for this workload or target; searches skip it."""

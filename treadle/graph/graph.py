@@ -29,6 +29,8 @@ class Graph:
             for t in (*node.inputs, *node.outputs):
                 if t is not None:
                     seen.setdefault(id(t), t)
+        for t in self.outputs:  # a constant output (say, after folding) has no producer
+            seen.setdefault(id(t), t)
         return list(seen.values())
 
     def __str__(self) -> str:

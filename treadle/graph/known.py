@@ -1,4 +1,4 @@
-"""Compile-time contents of small integer tensors, evaluated from compute definitions.
+"""Compile-time contents of small integer (and bool) tensors, evaluated from compute definitions.
 
 Exported models compute reshape targets with ``Shape -> Gather -> Concat`` chains. When the
 input has a symbolic dimension these values are expressions like ``seq * 12``. Rather than
@@ -23,7 +23,7 @@ class _Unknown(Exception):
 
 
 def evaluate_small(c: Compute, inputs: Mapping[Buffer, Tensor]) -> Optional[tuple[Dim, ...]]:
-    if not c.dtype.is_integer or c.is_reduction:
+    if not (c.dtype.is_integer or c.dtype.is_bool) or c.is_reduction:
         return None
     shape = [normalize_dim(d) for d in c.shape]
     if not all(isinstance(d, int) for d in shape) or math.prod(shape) > MAX_KNOWN:
@@ -36,6 +36,8 @@ def evaluate_small(c: Compute, inputs: Mapping[Buffer, Tensor]) -> Optional[tupl
 
 def _element(c: Compute, index, inputs: Mapping[Buffer, Tensor]) -> Dim:
     value = substitute(c.value, dict(zip(c.axes, (as_expr(i) for i in index))))
+    # Decide selects on the index first: an untaken branch may read out of range (Concat).
+    value = simplify_expr(value)
     value = rewrite(value, lambda n: _resolve(n, inputs) if isinstance(n, Load) else None)
     return normalize_dim(simplify_expr(value))
 

@@ -59,11 +59,14 @@ class OpContext:
     """What an op definition sees: inputs as buffers, known contents, attributes."""
 
     def __init__(self, op_type: str, name: str, inputs: Sequence[Optional[Tensor]],
-                 attrs: dict):
+                 attrs: dict, num_outputs: int = 1):
         self.op_type = op_type
         self.name = name
         self.tensors = list(inputs)
         self.attrs = attrs
+        # How many outputs the node asks for (an ONNX node lists its optional outputs);
+        # a definition may return more, and must return at least this many.
+        self.num_outputs = num_outputs
         self.buffers = [None if t is None else Buffer(f"in{k}", t.dtype, t.shape)
                         for k, t in enumerate(inputs)]
         self.checks: list[tuple[Expr, str]] = []
@@ -146,16 +149,20 @@ def apply(op_type: str, inputs: Sequence[Optional[Tensor]], attrs: dict | None =
     """Creates an operator over ``inputs`` and returns its output tensors."""
     opdef = lookup(op_type)
     name = name or f"{op_type.lower()}_{next(_node_ids)}"
-    ctx = OpContext(op_type, name, inputs, dict(attrs or {}))
+    names = list(output_names or [])
+    wanted = max((k + 1 for k, n in enumerate(names) if n), default=1)
+    ctx = OpContext(op_type, name, inputs, dict(attrs or {}), wanted)
     try:
         computes = tuple(opdef.define(ctx))
     except TreadleError:
         raise
     except (TypeError, ValueError, IndexError, KeyError) as err:
         raise ctx.error(f"cannot be defined: {err}") from err
+    if len(computes) < wanted:
+        raise ctx.unsupported(f"output {len(computes)} ({names[len(computes)]!r}) is not "
+                              f"supported; the operator defines {len(computes)} output(s)")
     op = Operator(op_type, name, tuple(inputs), ctx.attrs, (), computes, tuple(ctx.buffers),
                   tuple(ctx.checks))
-    names = list(output_names or [])
     outputs = []
     for k, c in enumerate(computes):
         out_name = names[k] if k < len(names) and names[k] else f"{name}:{k}"

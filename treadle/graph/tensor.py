@@ -2,9 +2,9 @@
 
 A dimension is an ``int`` or an index expression over named symbols (``Var("seq")``,
 ``seq * 12``). A tensor may carry its contents when they are known before run time:
-``data`` for constants (weights, folded values), and ``value`` for small integer tensors
-whose elements are known only symbolically, such as the result of ``Shape`` on an input
-with a symbolic dimension; shape arithmetic in exported models flows through these.
+``data`` for constants (weights, folded values), and ``value`` for small integer (or bool)
+tensors whose elements are known only symbolically, such as the result of ``Shape`` on an
+input with a symbolic dimension; shape arithmetic in exported models flows through these.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class Tensor:
     dtype: DataType
     shape: tuple[Dim, ...]
     data: Optional[np.ndarray] = None
-    value: Optional[tuple[Dim, ...]] = None  # flattened symbolic contents of a small int tensor
+    value: Optional[tuple[Dim, ...]] = None  # flattened contents of a small int/bool tensor
     producer: Optional["Operator"] = field(default=None, repr=False)
 
     def __post_init__(self):
@@ -69,8 +69,9 @@ class Tensor:
             if self.data.shape != self.shape:
                 raise ValueError(f"tensor {self.name}: data of shape {self.data.shape} does not "
                                  f"match declared shape {self.shape}")
-            if self.value is None and self.dtype.is_integer and self.data.size <= MAX_KNOWN:
-                self.value = tuple(int(v) for v in self.data.reshape(-1))
+            if self.value is None and self.data.size <= MAX_KNOWN and (
+                    self.dtype.is_integer or self.dtype.is_bool):
+                self.value = tuple(v.item() for v in self.data.reshape(-1))
 
     @property
     def rank(self) -> int:

@@ -77,6 +77,17 @@ class FunctionBuilder:
         self._params.append(var)
         return var
 
+    def add_param(self, param: Buffer | Var) -> Buffer | Var:
+        """Makes an existing buffer or scalar variable a parameter, keeping its identity (for
+        templates scheduling buffers that compute definitions already refer to)."""
+        self._declare_param_name(param.name)
+        self._params.append(param)
+        return param
+
+    @property
+    def params(self) -> tuple:
+        return tuple(self._params)
+
     def param(self, name: str, dtype: DataType | str, shape: Sequence) -> Buffer:
         buf = Buffer(self._declare_param_name(name), dtypes.dtype_of(dtype), tuple(shape))
         self._params.append(buf)

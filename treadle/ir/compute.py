@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from treadle.ir.dtypes import DataType
@@ -52,6 +52,9 @@ class Compute:
     reduce_axes: tuple[Var, ...] = ()
     reduce_extents: tuple[Expr, ...] = ()
     reduce_op: str | None = None
+    # The computes this one reads, held so that they live as long as it does: the
+    # buffer -> compute registry below only holds them weakly.
+    sources: tuple["Compute", ...] = field(default=(), repr=False)
 
     @property
     def name(self) -> str:
@@ -87,7 +90,9 @@ def producer_of(buffer: Buffer) -> Compute | None:
 
 def _make(name: str, value: Expr, shape: Sequence, **reduction) -> Compute:
     buffer = Buffer(f"{name}_{next(_ids)}", value.dtype, tuple(shape))
-    c = Compute(buffer, **reduction, value=value)
+    sources = {p: None for n in walk(value) if isinstance(n, Load)
+               and (p := producer_of(n.buffer)) is not None}
+    c = Compute(buffer, **reduction, value=value, sources=tuple(sources))
     _BY_BUFFER[buffer] = c
     return c
 

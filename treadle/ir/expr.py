@@ -271,24 +271,16 @@ def const(value, dtype: DataType | str = index_type) -> Const:
     return Const(value, dtypes.dtype_of(dtype))
 
 
-def eq(a, b) -> Binary:
-    a = as_expr(a)
-    return Binary("==", a, as_expr(b, a.dtype))
+def _typed_binary(op: str):
+    """A builder of ``a op b`` where a Python number b takes a's dtype."""
+    def build(a, b) -> Binary:
+        a = as_expr(a)
+        return Binary(op, a, as_expr(b, a.dtype))
+    build.__name__ = {"==": "eq", "!=": "ne", "min": "minimum", "max": "maximum"}[op]
+    return build
 
 
-def ne(a, b) -> Binary:
-    a = as_expr(a)
-    return Binary("!=", a, as_expr(b, a.dtype))
-
-
-def minimum(a, b) -> Binary:
-    a = as_expr(a)
-    return Binary("min", a, as_expr(b, a.dtype))
-
-
-def maximum(a, b) -> Binary:
-    a = as_expr(a)
-    return Binary("max", a, as_expr(b, a.dtype))
+eq, ne, minimum, maximum = (_typed_binary(op) for op in ("==", "!=", "min", "max"))
 
 
 def logical_and(*conds) -> Expr:

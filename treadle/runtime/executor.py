@@ -147,7 +147,7 @@ class Executable:
         if value.ndim != len(slot.shape):
             raise ShapeError(f"input {slot.name!r}: expected rank {len(slot.shape)} "
                              f"{_format(slot.shape)}, got shape {value.shape}")
-        return np.ascontiguousarray(value)
+        return np.require(value, requirements="C")
 
     def _bind(self, arrays: Sequence[np.ndarray]) -> dict[Var, int]:
         symbols: dict[Var, int] = {}

@@ -45,8 +45,9 @@ def _scalar_ctype(func: Function, name: str, dtype: DataType):
 class CompiledFunction:
     """One kernel: ``f(*arrays, **symbols)`` runs it on numpy arrays in place."""
 
-    def __init__(self, library: ctypes.CDLL, func: Function):
+    def __init__(self, library: ctypes.CDLL, func: Function, path: Path | None = None):
         self.function = func
+        self.path = path  # the shared object it was loaded from
         self._entry = library[c_name(func)]  # a fresh pointer: its argtypes are ours alone
         self._entry.argtypes = [ctypes.c_void_p if isinstance(p, Buffer)
                                 else _scalar_ctype(func, p.name, p.dtype) for p in func.params]
@@ -124,7 +125,8 @@ def load(path: Path | str, functions: Sequence[Function]) -> CompiledModule:
     library.treadle_set_num_threads.argtypes = [ctypes.c_int]
     library.treadle_set_num_threads.restype = None
     library.treadle_set_num_threads(config.num_threads)
-    return CompiledModule(Path(path), {f.name: CompiledFunction(library, f) for f in functions})
+    return CompiledModule(Path(path), {f.name: CompiledFunction(library, f, Path(path))
+                                          for f in functions})
 
 
 def compile_functions(functions: Sequence[Function], name: str) -> CompiledModule:

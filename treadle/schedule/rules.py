@@ -44,15 +44,22 @@ def schedule_computes(name: str, inputs: Sequence[Buffer | None], outputs: Seque
         body.append(_loop_nest(c, inline))
     body_stmt = seq(body) if body else Seq(())
     used = {n.buffer for n in walk(body_stmt) if isinstance(n, (Load, Store))}
-    input_ids = tuple(k for k, b in enumerate(inputs) if b is not None and b in used)
-    params: list = [inputs[k] for k in input_ids]
+    params: list = [b for b in inputs if b is not None and b in used]
     params += [c.buffer for c in outputs] + list(workspaces)
     symbols = sorted({v for p in params for d in p.shape for v in free_vars(d)} |
                      (free_vars(body_stmt) - _bound_vars(body_stmt)), key=lambda v: v.name)
-    function = _canonical_names(Function(name, tuple(params) + tuple(symbols), body_stmt),
-                                len(input_ids), len(outputs))
-    workspace_params = function.buffers[len(input_ids) + len(outputs):]
-    return Kernel(function, input_ids, tuple(range(len(outputs))), workspace_params)
+    return canonical_kernel(Function(name, tuple(params) + tuple(symbols), body_stmt),
+                            inputs, len(outputs))
+
+
+def canonical_kernel(func: Function, inputs: Sequence[Buffer | None], num_outputs: int) -> Kernel:
+    """A kernel from a function whose parameters are: the operator inputs it reads (in
+    order), its ``num_outputs`` outputs, workspaces, then symbols."""
+    params = set(func.buffers)
+    input_ids = tuple(k for k, b in enumerate(inputs) if b is not None and b in params)
+    function = _canonical_names(func, len(input_ids), num_outputs)
+    workspaces = function.buffers[len(input_ids) + num_outputs:]
+    return Kernel(function, input_ids, tuple(range(num_outputs)), workspaces)
 
 
 def _canonical_names(func: Function, num_inputs: int, num_outputs: int) -> Function:

@@ -101,31 +101,33 @@ def _fmod(a, b):
     return a - select(q < _c(0.0, q), call("ceil", q), call("floor", q)) * b
 
 
-# Binary ops: ONNX name -> (f(a, b, attrs), result is bool).
-BINARY: dict[str, tuple[Callable, bool]] = {
-    "Add": (lambda a, b, t: a + b, False),
-    "Sub": (lambda a, b, t: a - b, False),
-    "Mul": (lambda a, b, t: a * b, False),
-    "Div": (lambda a, b, t: _div(a, b), False),
-    "Mod": (_mod, False),
-    "Equal": (lambda a, b, t: eq(a, b), True),
-    "Less": (lambda a, b, t: a < b, True),
-    "LessOrEqual": (lambda a, b, t: a <= b, True),
-    "Greater": (lambda a, b, t: a > b, True),
-    "GreaterOrEqual": (lambda a, b, t: a >= b, True),
-    "And": (lambda a, b, t: a & b, True),
-    "Or": (lambda a, b, t: a | b, True),
-    "Xor": (lambda a, b, t: ne(a, b), True),
-    "BitwiseAnd": (lambda a, b, t: a & b, False),
-    "BitwiseOr": (lambda a, b, t: a | b, False),
-    "BitwiseXor": (lambda a, b, t: a ^ b, False),
-    "PRelu": (lambda a, b, t: select(a < _c(0, a), a * b, a), False),
+# Binary ops: ONNX name -> f(a, b, attrs).
+BINARY: dict[str, Callable] = {
+    "Add": lambda a, b, t: a + b,
+    "Sub": lambda a, b, t: a - b,
+    "Mul": lambda a, b, t: a * b,
+    "Div": lambda a, b, t: _div(a, b),
+    "Mod": _mod,
+    "Equal": lambda a, b, t: eq(a, b),
+    "Less": lambda a, b, t: a < b,
+    "LessOrEqual": lambda a, b, t: a <= b,
+    "Greater": lambda a, b, t: a > b,
+    "GreaterOrEqual": lambda a, b, t: a >= b,
+    "And": lambda a, b, t: a & b,
+    "Or": lambda a, b, t: a | b,
+    "Xor": lambda a, b, t: ne(a, b),
+    "BitwiseAnd": lambda a, b, t: a & b,
+    "BitwiseOr": lambda a, b, t: a | b,
+    "BitwiseXor": lambda a, b, t: a ^ b,
+    "PRelu": lambda a, b, t: select(a < _c(0, a), a * b, a),
 }
 
-VARIADIC: dict[str, Callable] = {
-    "Max": maximum,
-    "Min": minimum,
-    "Sum": lambda a, b: a + b,
+# Variadic ops: ONNX name -> (combine two values, finish(total, count)).
+VARIADIC: dict[str, tuple[Callable, Callable]] = {
+    "Max": (maximum, lambda t, n: t),
+    "Min": (minimum, lambda t, n: t),
+    "Sum": (lambda a, b: a + b, lambda t, n: t),
+    "Mean": (lambda a, b: a + b, lambda t, n: t / _c(float(n), t)),
 }
 
 
@@ -138,7 +140,7 @@ def _define_unary(op: str, fn: Callable):
     register(op)(define)
 
 
-def _define_binary(op: str, fn: Callable, boolean: bool):
+def _define_binary(op: str, fn: Callable):
     def define(ctx: OpContext):
         a, b = ctx.input(0), ctx.input(1)
         if op != "PRelu":
@@ -149,7 +151,7 @@ def _define_binary(op: str, fn: Callable, boolean: bool):
     register(op)(define)
 
 
-def _define_variadic(op: str, fn: Callable):
+def _define_variadic(op: str, combine: Callable, finish: Callable):
     def define(ctx: OpContext):
         xs = [ctx.input(k) for k in range(ctx.num_inputs)]
         same_dtype(ctx, *xs)
@@ -158,32 +160,18 @@ def _define_variadic(op: str, fn: Callable):
         def element(*i):
             value = broadcast_load(xs[0], i)
             for x in xs[1:]:
-                value = fn(value, broadcast_load(x, i))
-            return value
+                value = combine(value, broadcast_load(x, i))
+            return finish(value, len(xs))
         return [compute("y", shape, element)]
     register(op)(define)
 
 
 for _name, _fn in UNARY.items():
     _define_unary(_name, _fn)
-for _name, (_fn, _bool) in BINARY.items():
-    _define_binary(_name, _fn, _bool)
-for _name, _fn in VARIADIC.items():
-    _define_variadic(_name, _fn)
-
-
-@register("Mean")
-def mean(ctx: OpContext):
-    xs = [ctx.input(k) for k in range(ctx.num_inputs)]
-    same_dtype(ctx, *xs)
-    shape = broadcast_shape(ctx, *(x.shape for x in xs))
-
-    def element(*i):
-        total = broadcast_load(xs[0], i)
-        for x in xs[1:]:
-            total = total + broadcast_load(x, i)
-        return total / _c(float(len(xs)), total)
-    return [compute("y", shape, element)]
+for _name, _fn in BINARY.items():
+    _define_binary(_name, _fn)
+for _name, (_combine, _finish) in VARIADIC.items():
+    _define_variadic(_name, _combine, _finish)
 
 
 @register("Pow")

@@ -1,0 +1,193 @@
+"""Checks the five zoo models end to end against ONNX Runtime: errors, latency, compile time.
+
+    python bench/check_models.py                      # full size: ResNet-50, Inception-V3,
+                                                      # MobileNetV2, BERT-base, GPT-2 small
+    python bench/check_models.py --reduced --models bert gpt2 --repeat 5
+
+Each model (batch 1, float32) is exported to ONNX once and cached in bench/out/ (exports are
+redone when treadle/models changes), compiled with ``treadle.compile`` into a fresh kernel
+cache (so the compile time is a cold one; ``--warm-cache`` uses the user's cache), run on
+random inputs and compared with ONNX Runtime on the same number of threads. An output
+passes when its max abs error is at most 1e-3 of its max abs value. When BERT is checked,
+a BERT whose sequence axis is symbolic is also compiled once and run at several lengths.
+
+Latencies are medians. ONNX Runtime's worker threads (and OpenMP's) spin for ~40 ms after
+each run, so the script sleeps between systems rather than alternating them call by call.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import pickle
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import treadle
+from treadle.config import override
+from treadle.models import MODELS, ModelSpec, export_onnx
+
+OUT = Path(__file__).resolve().parent / "out"
+MODELS_SOURCE = Path(treadle.__file__).resolve().parent / "models"
+RELATIVE_TOLERANCE = 1e-3
+IDLE_S = 0.1
+SEQUENCE_LENGTHS = {False: (1, 7, 64, 128), True: (1, 7, 16, 64)}  # by --reduced
+
+
+@dataclass
+class Row:
+    label: str
+    output: str
+    abs_error: float
+    rel_error: float
+    treadle_ms: float
+    ort_ms: float
+    compile_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.rel_error <= RELATIVE_TOLERANCE
+
+
+def exported(name: str, reduced: bool, dynamic_seq: bool = False) -> ModelSpec:
+    """The model's ONNX file and spec, from the cache when it is newer than the zoo code."""
+    stem = name + ("-reduced" if reduced else "") + ("-seq" if dynamic_seq else "")
+    path, meta = OUT / f"{stem}.onnx", OUT / f"{stem}.spec.pkl"
+    newest_source = max(p.stat().st_mtime for p in MODELS_SOURCE.glob("*.py"))
+    if path.exists() and meta.exists() and meta.stat().st_mtime > newest_source:
+        return pickle.loads(meta.read_bytes())
+    spec = export_onnx(name, path, reduced=reduced, dynamic_seq=dynamic_seq)
+    meta.write_bytes(pickle.dumps(spec))
+    return spec
+
+
+def ort_session(path: Path, threads: int):
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def median_ms(fn, repeat: int) -> float:
+    fn()  # warm-up: first-call allocations, page faults
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    time.sleep(IDLE_S)
+    return statistics.median(times) * 1e3
+
+
+def compare(label: str, compiled, session, inputs: dict, repeat: int,
+            compile_s: float) -> list[Row]:
+    expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
+    actual = dict(zip(compiled.output_names, compiled(**inputs)))
+    time.sleep(IDLE_S)
+    ours = median_ms(lambda: compiled(**inputs), repeat)
+    theirs = median_ms(lambda: session.run(None, inputs), repeat)
+    rows = []
+    for name, want in expected.items():
+        got = actual.get(name)
+        if got is None or got.shape != want.shape:
+            raise AssertionError(f"output {name!r}: treadle gives "
+                                 f"{None if got is None else got.shape}, ORT {want.shape}")
+        error = float(np.abs(got.astype(np.float64) - want).max())
+        scale = float(np.abs(want).max()) or 1.0
+        rows.append(Row(label, name, error, error / scale, ours, theirs, compile_s))
+    return rows
+
+
+def compile_timed(path: Path):
+    start = time.perf_counter()
+    compiled = treadle.compile(path)
+    return compiled, time.perf_counter() - start
+
+
+def check_model(name: str, args) -> list[Row]:
+    spec = exported(name, args.reduced)
+    compiled, seconds = compile_timed(spec.path)
+    session = ort_session(spec.path, args.threads)
+    return compare(name, compiled, session, spec.random_inputs(), args.repeat, seconds)
+
+
+def check_symbolic_bert(args) -> list[Row]:
+    spec = exported("bert", args.reduced, dynamic_seq=True)
+    compiled, seconds = compile_timed(spec.path)
+    session = ort_session(spec.path, args.threads)
+    rows = []
+    for seq in SEQUENCE_LENGTHS[args.reduced]:
+        rows += compare(f"bert seq={seq} (symbolic)", compiled, session,
+                        spec.random_inputs(seed=seq, seq=seq), args.repeat, seconds)
+        seconds = 0.0  # compiled once: the time belongs to the first length only
+    return rows
+
+
+def print_table(rows: list[Row]) -> None:
+    header = (f"{'model':<28} {'output':<18} {'max abs err':>11} {'rel err':>9} "
+              f"{'treadle ms':>10} {'ORT ms':>8} {'ORT/treadle':>11} {'compile s':>9}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        compile_s = f"{r.compile_s:.1f}" if r.compile_s else ""
+        print(f"{r.label:<28} {r.output:<18} {r.abs_error:>11.2e} {r.rel_error:>9.2e} "
+              f"{r.treadle_ms:>10.2f} {r.ort_ms:>8.2f} {r.ort_ms / r.treadle_ms:>10.2f}x "
+              f"{compile_s:>9}{'' if r.ok else '  FAIL: rel err > 1e-3'}")
+
+
+def run_checks(args) -> tuple[list[Row], list[str]]:
+    rows, failures = [], []
+    checks = [(name, lambda n=name: check_model(n, args)) for name in args.models]
+    if "bert" in args.models and not args.no_symbolic:
+        checks.append(("bert (symbolic seq)", lambda: check_symbolic_bert(args)))
+    for label, check in checks:
+        print(f"checking {label} ...", file=sys.stderr, flush=True)
+        try:
+            result = check()
+        except Exception as error:  # report every model, then fail at the end
+            failures.append(f"{label}: {type(error).__name__}: {error}")
+            continue
+        rows += result
+        failures += [f"{r.label} {r.output}: relative error {r.rel_error:.2e}"
+                     for r in result if not r.ok]
+    return rows, failures
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
+    parser.add_argument("--reduced", action="store_true", help="the CI-sized models")
+    parser.add_argument("--repeat", type=int, default=10, help="timed runs per system")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="threads of treadle's kernels and of ONNX Runtime")
+    parser.add_argument("--warm-cache", action="store_true",
+                        help="compile into the user's kernel cache instead of a fresh one")
+    parser.add_argument("--no-symbolic", action="store_true",
+                        help="skip the BERT with a symbolic sequence axis")
+    args = parser.parse_args(argv)
+
+    load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
+    if load > 0.5 * cores:
+        print(f"warning: load average {load:.1f} on {cores} cores; other processes will "
+              "inflate the latencies (2-thread runs suffer most)", file=sys.stderr)
+    with contextlib.ExitStack() as stack:
+        settings = {"num_threads": args.threads}
+        if not args.warm_cache:
+            settings["cache_dir"] = Path(stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="treadle-cache-")))
+        stack.enter_context(override(**settings))
+        rows, failures = run_checks(args)
+    print_table(rows)
+    for failure in failures:
+        print(f"FAILED {failure}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""Runs every node test case shipped with the onnx package against treadle.
+
+    python -m bench.onnx_node_tests [--jobs 2] [--timeout 120] [-k REGEX] [--json FILE]
+
+Cases run in worker processes, so a crash or a hang costs one case, not the run; a case
+still running after the timeout is killed and counted as failed. Each case ends as
+  passed       every output has the expected shape, dtype and values (the case's rtol
+               and atol, by default 1e-3 and 1e-7 as in ONNX's own runner);
+  failed       wrong numbers, a crash, a timeout, or any error other than the one below:
+               the cases are valid models, so a ShapeError or DTypeError while compiling
+               one means treadle's shape or dtype rules disagree with ONNX's;
+  unsupported  treadle refused the model while compiling it with an UnsupportedOpError
+               naming what it lacks (an operator, an opset, an attribute value, a dtype,
+               an input that must be known when compiling).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import re
+import sys
+import threading
+import time
+import warnings
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import numpy as np
+
+PASSED, FAILED, UNSUPPORTED = "passed", "failed", "unsupported"
+DEFAULT_RTOL, DEFAULT_ATOL = 1e-3, 1e-7
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: bytes  # a serialised ModelProto
+    data_sets: list  # [(inputs, expected outputs)], arrays or TensorProtos
+    rtol: float = DEFAULT_RTOL
+    atol: float = DEFAULT_ATOL
+
+
+@dataclass(frozen=True)
+class Outcome:
+    name: str
+    status: str
+    detail: str = ""
+
+
+def node_cases(pattern: str | None = None) -> list[Case]:
+    """The node test cases of the installed onnx package, optionally filtered by name."""
+    from onnx.backend.test.loader import load_model_tests
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the generators' own numpy overflow warnings
+        tests = load_model_tests(kind="node")
+    selected = [t for t in tests if pattern is None or re.search(pattern, t.name)]
+    return [_case(t) for t in sorted(selected, key=lambda t: t.name)]
+
+
+def _case(test) -> Case:
+    if test.model is not None:  # generated in memory (onnx >= 1.17)
+        return Case(test.name, test.model.SerializeToString(), test.data_sets, test.rtol,
+                    test.atol)
+    from pathlib import Path
+    folder = Path(test.model_dir)
+    data_sets = [([p.read_bytes() for p in sorted(d.glob("input_*.pb"))],
+                  [p.read_bytes() for p in sorted(d.glob("output_*.pb"))])
+                 for d in sorted(folder.glob("test_data_set_*"))]
+    return Case(test.name, (folder / "model.onnx").read_bytes(), data_sets, test.rtol, test.atol)
+
+
+# ---- one case --------------------------------------------------------------------------------
+
+def run_case(case: Case) -> Outcome:
+    import onnx
+
+    from treadle.errors import UnsupportedOpError
+    from treadle.frontend.onnx_backend import TreadleBackend
+    try:
+        rep = TreadleBackend.prepare(onnx.load_from_string(case.model))
+    except UnsupportedOpError as err:
+        return Outcome(case.name, UNSUPPORTED, _first_line(err))
+    except Exception as err:  # noqa: BLE001  (any other exception is a treadle bug)
+        return Outcome(case.name, FAILED, f"{type(err).__name__}: {_first_line(err)}")
+    for k, (inputs, expected) in enumerate(case.data_sets):
+        try:
+            outputs = rep.run([_array(v) for v in inputs])
+            problem = compare(list(outputs), [_array(v) for v in expected], case.rtol, case.atol)
+        except Exception as err:  # noqa: BLE001
+            problem = f"{type(err).__name__}: {_first_line(err)}"
+        if problem:
+            return Outcome(case.name, FAILED, f"data set {k}: {problem}")
+    return Outcome(case.name, PASSED)
+
+
+def _array(value) -> np.ndarray:
+    from onnx import TensorProto, numpy_helper
+    if isinstance(value, bytes):
+        value = TensorProto.FromString(value)
+    if isinstance(value, TensorProto):
+        return numpy_helper.to_array(value)
+    if isinstance(value, (list, type(None))):
+        raise TypeError(f"a {type(value).__name__} value (sequence or optional) is not a tensor")
+    return np.asarray(value)
+
+
+def compare(outputs: Sequence[np.ndarray], expected: Sequence[np.ndarray], rtol: float,
+            atol: float) -> str:
+    """What differs between outputs and expected ones ('' if nothing), as ONNX's runner
+    compares them: count, then per output dtype, shape and values within tolerance."""
+    if len(outputs) != len(expected):
+        return f"{len(outputs)} outputs, expected {len(expected)}"
+    for k, (actual, wanted) in enumerate(zip(outputs, expected)):
+        actual = np.asarray(actual)
+        if actual.dtype != wanted.dtype:
+            return f"output {k}: dtype {actual.dtype}, expected {wanted.dtype}"
+        if actual.shape != wanted.shape:
+            return f"output {k}: shape {actual.shape}, expected {wanted.shape}"
+        numeric = wanted.dtype.kind in "biufc" or wanted.dtype.name == "bfloat16"
+        a, b = (actual.astype(np.float64), wanted.astype(np.float64)) if numeric \
+            else (actual, wanted)
+        try:
+            if numeric:
+                np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+            else:
+                np.testing.assert_array_equal(a, b)
+        except AssertionError as err:
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            return f"output {k}: " + "; ".join(lines[1:4])
+    return ""
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return (lines[0] if lines else type(err).__name__)[:400]
+
+
+# ---- worker processes ----------------------------------------------------------------------
+
+def _serve(conn) -> None:
+    while True:
+        case = conn.recv()
+        if case is None:
+            return
+        conn.send(run_case(case))
+
+
+class _Worker:
+    """A process running cases one at a time; replaced when one crashes or hangs."""
+
+    def __init__(self):
+        context = multiprocessing.get_context("spawn")  # OpenMP runtimes are not fork-safe
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child,), daemon=True)
+        self.process.start()
+        child.close()
+
+    def run(self, case: Case, timeout: float) -> tuple[Outcome, bool]:
+        """The outcome, and whether this worker is still usable."""
+        try:
+            self.conn.send(case)
+            if self.conn.poll(timeout):
+                return self.conn.recv(), True
+            detail = f"timed out after {timeout:g} s"
+        except (EOFError, OSError):
+            self.process.join(5)
+            detail = f"the worker process died (exit code {self.process.exitcode})"
+        self.stop()
+        return Outcome(case.name, FAILED, detail), False
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+            self.process.join(2)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
+
+
+def run_all(cases: Sequence[Case], jobs: int = 2, timeout: float = 120.0,
+            progress: bool = False) -> list[Outcome]:
+    pending = list(reversed(cases))
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+
+    def drive() -> None:
+        worker = _Worker()
+        while True:
+            with lock:
+                if not pending:
+                    break
+                case = pending.pop()
+            outcome, usable = worker.run(case, timeout)
+            if not usable:
+                worker = _Worker()
+            with lock:
+                outcomes.append(outcome)
+                if progress:
+                    print(f"\r{len(outcomes)}/{len(cases)}", end="", file=sys.stderr, flush=True)
+        worker.stop()
+
+    threads = [threading.Thread(target=drive) for _ in range(max(1, min(jobs, len(cases))))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if progress:
+        print(file=sys.stderr)
+    return sorted(outcomes, key=lambda o: o.name)
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+def reason(detail: str) -> str:
+    """A message with its node and tensor names blanked, to group cases by cause."""
+    return re.sub(r"'[^']*'", "'…'", re.sub(r"\(nodes? [^)]*\)", "", detail))[:160]
+
+
+def report(outcomes: Sequence[Outcome], seconds: float, verbose: bool) -> str:
+    import onnx
+    counts = Counter(o.status for o in outcomes)
+    lines = [f"ONNX node tests (onnx {onnx.__version__}): {len(outcomes)} cases in "
+             f"{seconds:.0f} s",
+             *(f"  {status:<12} {counts[status]}" for status in (PASSED, FAILED, UNSUPPORTED))]
+    failed = [o for o in outcomes if o.status == FAILED]
+    if failed:
+        lines.append("failed:")
+        lines += [f"  {o.name}: {o.detail}" for o in failed]
+    reasons = Counter(reason(o.detail) for o in outcomes if o.status == UNSUPPORTED)
+    if reasons:
+        lines.append("unsupported, by reason:")
+        lines += [f"  {n:5d}  {text}" for text, n in reasons.most_common()]
+    if verbose:
+        lines.append("unsupported cases:")
+        lines += [f"  {o.name}: {o.detail}" for o in outcomes if o.status == UNSUPPORTED]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per case")
+    parser.add_argument("-k", "--filter", help="run only cases whose name matches this regex")
+    parser.add_argument("--json", help="also write every outcome to this file")
+    parser.add_argument("--verbose", action="store_true", help="list every unsupported case")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    outcomes = run_all(node_cases(args.filter), args.jobs, args.timeout,
+                       progress=sys.stderr.isatty())
+    print(report(outcomes, time.perf_counter() - start, args.verbose))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(o) for o in outcomes], f, indent=1)
+    return 1 if any(o.status == FAILED for o in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Importing ONNX models: constants, symbolic dimensions, attributes, and the errors for
+unsupported and malformed models, checked against ONNX Runtime."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import treadle
+from tests.frontend.onnx_models import affine_model, make_model, run_onnxruntime, tensor
+from tests.harness import SIZES, assert_close, random_array
+from treadle.errors import ModelError, ShapeError, UnsupportedOpError
+from treadle.frontend.onnx import from_onnx
+from treadle.graph.tensor import symbol
+from treadle.ir import dtypes
+
+pytest.importorskip("onnxruntime")
+
+
+def relu_model(opset: int = 17) -> onnx.ModelProto:
+    return make_model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                      [tensor("x", [3])], [tensor("y", [3])], opset=opset)
+
+
+def test_elementwise_model_matches_onnxruntime(tmp_path):
+    model = affine_model()
+    onnx.save(model, tmp_path / "affine.onnx")
+    compiled = treadle.compile(tmp_path / "affine.onnx")
+    x = random_array((7, 5), seed=1)
+    assert_close(compiled(x)[0], run_onnxruntime(model, {"x": x})[0])
+
+
+def test_constants_inputs_and_names_are_kept():
+    graph = from_onnx(affine_model())
+    assert [t.name for t in graph.inputs] == ["x"]
+    assert [t.name for t in graph.outputs] == ["y"]
+    assert [n.name for n in graph.nodes] == ["add_bias", "scale", "squash"]
+    add, scale, _ = graph.nodes
+    assert add.inputs[1].is_constant and add.inputs[1].name == "b"
+    assert scale.inputs[1].is_constant and scale.inputs[1].data.dtype == np.float32
+    assert graph.name == "test" and from_onnx(affine_model(), name="mine").name == "mine"
+
+
+def test_graph_input_that_is_an_initializer_is_a_constant():
+    model = affine_model()
+    model.graph.input.append(tensor("b", [5]))
+    graph = from_onnx(model)
+    assert [t.name for t in graph.inputs] == ["x"]
+    assert graph.nodes[0].inputs[1].is_constant
+
+
+def test_symbolic_model_compiles_once_and_runs_at_every_size():
+    model = affine_model()
+    compiled = treadle.compile(model)
+    assert compiled.executable.inputs and compiled.executable.symbols == [symbol("batch")]
+    for size in SIZES + (0,):
+        x = random_array((size, 5), seed=size)
+        assert_close(compiled(x)[0], run_onnxruntime(model, {"x": x})[0],
+                     context=f"batch={size}")
+
+
+def test_dims_shared_by_name_and_fresh_symbols_for_unknown_dims():
+    nodes = [helper.make_node("Add", ["a", "b"], ["y"], name="add")]
+    model = make_model(nodes, [tensor("a", ["n", None]), tensor("b", ["n", None])],
+                       [tensor("y", ["n", None])])
+    graph = from_onnx(model)
+    a, b = graph.inputs
+    assert a.shape[0] == b.shape[0] == symbol("n")
+    assert a.shape[1] == symbol("a_dim1") and b.shape[1] == symbol("b_dim1")
+    compiled = treadle.compile(model)
+    x = random_array((3, 4), seed=2)
+    assert_close(compiled(x, x)[0], x + x)
+    with pytest.raises(ShapeError, match="'b'"):
+        compiled(x, random_array((4, 4)))
+
+
+def test_unsupported_ops_are_all_listed_with_their_nodes_before_building():
+    then = helper.make_graph([helper.make_node("Identity", ["x"], ["t"])], "then", [],
+                             [tensor("t", [3])])
+    nodes = [helper.make_node("FancyOp", ["x"], ["a"], name="fancy_1"),
+             helper.make_node("FancyOp", ["a"], ["b"], name="fancy_2"),
+             helper.make_node("Custom", ["b"], ["c"], name="custom", domain="com.example"),
+             helper.make_node("If", ["cond"], ["d"], name="branch", then_branch=then,
+                              else_branch=then),
+             # Would fail shape inference, were the graph built: it must not be.
+             helper.make_node("Add", ["x", "wrong"], ["y"], name="bad_add")]
+    model = make_model(nodes, [tensor("x", [3]), tensor("cond", [], TensorProto.BOOL),
+                               tensor("wrong", [4])], [tensor("y", [3])])
+    with pytest.raises(UnsupportedOpError) as info:
+        from_onnx(model)
+    message = str(info.value)
+    for text in ("FancyOp", "'fancy_1'", "'fancy_2'", "com.example.Custom", "'custom'", "If",
+                 "'branch'"):
+        assert text in message
+    assert "bad_add" not in message
+
+
+@pytest.mark.parametrize("opset", [12, 22])
+def test_opsets_outside_13_to_21_are_rejected_by_version(opset):
+    with pytest.raises(UnsupportedOpError, match=f"opset {opset}.*13 to 21"):
+        from_onnx(relu_model(opset))
+
+
+def test_a_node_reading_an_undefined_tensor_names_both():
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="first"),
+             helper.make_node("Add", ["r", "ghost"], ["y"], name="second")]
+    model = make_model(nodes, [tensor("x", [3])], [tensor("y", [3])])
+    with pytest.raises(ModelError, match="node 'second' \\(Add\\) reads tensor 'ghost'"):
+        from_onnx(model)
+
+
+def test_tensors_defined_twice_and_missing_outputs_are_malformed():
+    twice = [helper.make_node("Relu", ["x"], ["y"], name="one"),
+             helper.make_node("Neg", ["x"], ["y"], name="two")]
+    with pytest.raises(ModelError, match="node 'two' \\(Neg\\) defines tensor 'y'"):
+        from_onnx(make_model(twice, [tensor("x", [3])], [tensor("y", [3])]))
+    with pytest.raises(ModelError, match="graph output 'z'"):
+        from_onnx(make_model(twice[:1], [tensor("x", [3])], [tensor("z", [3])]))
+
+
+def test_checker_failures_and_unreadable_files_are_model_errors(tmp_path):
+    model = relu_model()
+    model.graph.node[0].attribute.append(helper.make_attribute("alpha", 0.5))
+    with pytest.raises(ModelError, match="not valid ONNX"):
+        from_onnx(model)
+    path = tmp_path / "garbage.onnx"
+    path.write_bytes(b"\x07not a model")
+    with pytest.raises(ModelError, match="garbage.onnx"):
+        from_onnx(path)
+    with pytest.raises(FileNotFoundError):
+        from_onnx(tmp_path / "missing.onnx")
+
+
+def test_inputs_without_rank_or_of_unsupported_types_are_named():
+    model = relu_model()
+    model.graph.input[0].type.tensor_type.ClearField("shape")
+    with pytest.raises(ModelError, match="graph input 'x' has no shape"):
+        from_onnx(model)
+    nodes = [helper.make_node("Identity", ["s"], ["y"], name="same")]
+    strings = make_model(nodes, [tensor("s", [2], TensorProto.STRING)],
+                         [tensor("y", [2], TensorProto.STRING)])
+    with pytest.raises(UnsupportedOpError, match="'s'.*STRING"):
+        from_onnx(strings)
+
+
+def test_attributes_decode_to_python_values():
+    nodes = [helper.make_node("LeakyRelu", ["x"], ["a"], name="leaky", alpha=0.25),
+             helper.make_node("Cast", ["a"], ["b"], name="cast", to=TensorProto.FLOAT),
+             helper.make_node("Gelu", ["b"], ["y"], name="gelu", approximate="tanh")]
+    model = make_model(nodes, [tensor("x", [2, 9])], [tensor("y", [2, 9])], opset=20)
+    graph = from_onnx(model)
+    assert [n.attrs for n in graph.nodes] == [{"alpha": 0.25}, {"to": 1},
+                                              {"approximate": "tanh"}]
+    x = random_array((2, 9), seed=3, low=-3, high=3)
+    assert_close(treadle.compile(model)(x)[0], run_onnxruntime(model, {"x": x})[0])
+
+
+def test_constant_nodes_of_every_value_kind_are_folded():
+    values = {  # attribute -> (value, output type, output shape)
+        "value": (numpy_helper.from_array(np.arange(6, dtype=np.int32).reshape(2, 3)),
+                  TensorProto.INT32, [2, 3]),
+        "value_float": (1.5, TensorProto.FLOAT, []),
+        "value_floats": ([1.0, 2.0], TensorProto.FLOAT, [2]),
+        "value_int": (7, TensorProto.INT64, []),
+        "value_ints": ([1, 2, 3], TensorProto.INT64, [3]),
+    }
+    nodes = [helper.make_node("Constant", [], [f"c_{k}"], **{k: v[0]})
+             for k, v in values.items()]
+    nodes += [helper.make_node("Identity", [f"c_{k}"], [f"y_{k}"]) for k in values]
+    outputs = [tensor(f"y_{k}", shape, kind) for k, (_, kind, shape) in values.items()]
+    graph = from_onnx(make_model(nodes, [], outputs))
+    constants = {n.inputs[0].name: n.inputs[0] for n in graph.nodes}
+    assert all(c.is_constant and c.producer is None for c in constants.values())
+    assert constants["c_value"].dtype == dtypes.int32
+    assert constants["c_value"].data.tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert constants["c_value_float"].dtype == dtypes.float32
+    assert constants["c_value_float"].shape == ()
+    assert constants["c_value_floats"].data.tolist() == [1.0, 2.0]
+    assert constants["c_value_int"].dtype == dtypes.int64
+    assert constants["c_value_ints"].data.tolist() == [1, 2, 3]
+
+
+def test_empty_optional_inputs_become_none():
+    nodes = [helper.make_node("Clip", ["x", "", "high"], ["y"], name="clip")]
+    model = make_model(nodes, [tensor("x", [4, 6])], [tensor("y", [4, 6])],
+                       {"high": np.float32(0.5)})
+    graph = from_onnx(model)
+    assert graph.nodes[0].inputs[1] is None
+    x = random_array((4, 6), seed=4)
+    assert_close(treadle.compile(model)(x)[0], run_onnxruntime(model, {"x": x})[0])
+
+
+def test_bfloat16_initializers_keep_their_bits():
+    values = np.array([1.0, -2.5, 3.140625], np.float32)
+    init = helper.make_tensor("w", TensorProto.BFLOAT16, [3], values.tolist())
+    nodes = [helper.make_node("Identity", ["w"], ["y"], name="same")]
+    graph = helper.make_graph(nodes, "bf16", [], [tensor("y", [3], TensorProto.BFLOAT16)],
+                              [init])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=9)
+    weight = from_onnx(model).nodes[0].inputs[0]
+    assert weight.dtype == dtypes.bfloat16
+    expected_bits = (values.view(np.uint32) >> 16).astype(np.uint16)
+    assert weight.data.tolist() == expected_bits.tolist()
+
+
+def test_model_names_that_are_not_identifiers_still_compile():
+    odd = 'a b;system("x")'
+    nodes = [helper.make_node("Neg", [odd], ["out/1"], name="node:0 */")]
+    model = make_model(nodes, [tensor(odd, ["n*2", 3])], [tensor("out/1", ["n*2", 3])])
+    compiled = treadle.compile(model)
+    assert compiled.input_names == [odd] and compiled.output_names == ["out/1"]
+    x = random_array((4, 3), seed=5)
+    assert_close(compiled(**{odd: x})[0], -x)

@@ -1,0 +1,91 @@
+"""ONNX's own node test cases (shipped with the onnx package) run through treadle.
+
+By default, a curated list of cases of the operators CNNs and transformers use runs in
+process, and each must pass. The slow test runs the whole suite with
+bench/onnx_node_tests.py (two worker processes, a timeout per case) and asserts that no
+case fails: a case may be unsupported, with a clear UnsupportedOpError, but never give
+wrong numbers or crash. Refresh CURATED from that script's output as operators are added.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.onnx_node_tests import FAILED, PASSED, node_cases, run_case
+from treadle.config import config
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITE_TIMEOUT_S = 3600
+
+CURATED = (
+    # element-wise arithmetic and activations
+    "test_add", "test_add_bcast", "test_sub", "test_sub_bcast", "test_mul", "test_mul_bcast",
+    "test_div", "test_div_bcast", "test_pow", "test_pow_bcast_array", "test_neg",
+    "test_reciprocal", "test_sqrt", "test_exp", "test_erf", "test_relu", "test_sigmoid",
+    "test_tanh", "test_leakyrelu", "test_clip", "test_clip_default_min",
+    "test_clip_splitbounds", "test_where_example", "test_where_long_example", "test_equal",
+    "test_less", "test_gelu_default_1", "test_gelu_tanh_1", "test_gelu_default_1_expanded",
+    "test_gelu_tanh_1_expanded",
+    # linear layers
+    "test_matmul_1d_1d", "test_matmul_1d_3d", "test_matmul_2d", "test_matmul_3d",
+    "test_matmul_4d", "test_matmul_4d_1d", "test_matmul_bcast", "test_gemm_all_attributes",
+    "test_gemm_alpha", "test_gemm_beta", "test_gemm_default_matrix_bias",
+    "test_gemm_default_no_bias", "test_gemm_default_scalar_bias",
+    "test_gemm_default_single_elem_vector_bias", "test_gemm_default_vector_bias",
+    "test_gemm_transposeA", "test_gemm_transposeB",
+    # softmax and normalization
+    "test_softmax_axis_0", "test_softmax_axis_1", "test_softmax_axis_2",
+    "test_softmax_default_axis", "test_softmax_example", "test_softmax_large_number",
+    "test_softmax_negative_axis", "test_softmax_axis_1_expanded",
+    "test_softmax_large_number_expanded", "test_logsoftmax_axis_1",
+    "test_logsoftmax_large_number", "test_batchnorm_epsilon", "test_batchnorm_example",
+    "test_layer_normalization_2d_axis0", "test_layer_normalization_2d_axis1",
+    "test_layer_normalization_2d_axis_negative_1", "test_layer_normalization_2d_axis_negative_2",
+    "test_layer_normalization_3d_axis0_epsilon", "test_layer_normalization_3d_axis1_epsilon",
+    "test_layer_normalization_3d_axis2_epsilon",
+    "test_layer_normalization_3d_axis_negative_1_epsilon",
+    "test_layer_normalization_3d_axis_negative_3_epsilon", "test_layer_normalization_4d_axis0",
+    "test_layer_normalization_4d_axis1", "test_layer_normalization_4d_axis2",
+    "test_layer_normalization_4d_axis3", "test_layer_normalization_4d_axis_negative_1",
+    "test_layer_normalization_4d_axis_negative_4", "test_layer_normalization_default_axis",
+    "test_layer_normalization_2d_axis1_expanded", "test_layer_normalization_4d_axis1_expanded",
+    "test_reduce_max_default_axes_keepdims_random",
+    # data movement
+    "test_concat_1d_axis_0", "test_concat_2d_axis_1", "test_concat_2d_axis_negative_2",
+    "test_concat_3d_axis_0", "test_concat_3d_axis_2", "test_concat_3d_axis_negative_1",
+    "test_gather_0", "test_gather_1", "test_gather_2d_indices", "test_gather_negative_indices",
+    "test_split_equal_parts_1d_opset13", "test_split_equal_parts_2d_opset13",
+    "test_split_1d_uneven_split_opset18", "test_split_2d_uneven_split_opset18",
+)
+
+
+@pytest.fixture(scope="module")
+def cases():
+    wanted = set(CURATED)
+    return {c.name: c for c in node_cases("^(" + "|".join(CURATED) + ")$") if c.name in wanted}
+
+
+@pytest.mark.parametrize("name", CURATED)
+def test_curated_node_case_passes(cases, name):
+    assert name in cases, f"{name} is not among the installed onnx package's node tests"
+    outcome = run_case(cases[name])
+    assert outcome.status == PASSED, outcome.detail
+
+
+@pytest.mark.slow
+def test_no_node_case_gives_wrong_results(tmp_path):
+    report = tmp_path / "outcomes.json"
+    env = {**os.environ, "TREADLE_CACHE_DIR": str(config.cache_dir)}
+    result = subprocess.run([sys.executable, "-m", "bench.onnx_node_tests", "--json",
+                             str(report)], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=SUITE_TIMEOUT_S)
+    assert report.exists(), result.stderr[-4000:]
+    outcomes = json.loads(report.read_text())
+    failed = [f"{o['name']}: {o['detail']}" for o in outcomes if o["status"] == FAILED]
+    assert not failed, f"{len(failed)} node tests failed:\n" + "\n".join(failed)
+    assert sum(o["status"] == PASSED for o in outcomes) >= len(CURATED)

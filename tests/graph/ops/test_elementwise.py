@@ -1,0 +1,141 @@
+"""Element-wise operators against numpy, with broadcasting and symbolic shapes."""
+import math
+
+import numpy as np
+import pytest
+
+from tests.harness import assert_close, random_array
+from treadle.compiler import compile_graph
+from treadle.errors import DTypeError, ShapeError
+from treadle.graph.graph import Graph
+from treadle.graph.operator import apply
+from treadle.graph.tensor import Tensor, constant
+
+ERF = np.vectorize(math.erf)
+
+UNARY_REFERENCE = {
+    "Relu": lambda x: np.maximum(x, 0),
+    "Neg": np.negative, "Abs": np.abs, "Sign": np.sign,
+    "Exp": np.exp, "Log": np.log, "Sqrt": np.sqrt,
+    "Reciprocal": lambda x: 1 / x, "Tanh": np.tanh, "Sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "Erf": ERF, "Sin": np.sin, "Cos": np.cos, "Floor": np.floor, "Ceil": np.ceil,
+    "Softplus": lambda x: np.log1p(np.exp(x)), "Softsign": lambda x: x / (1 + np.abs(x)),
+    "LeakyRelu": lambda x: np.where(x < 0, 0.01 * x, x),
+    "Elu": lambda x: np.where(x < 0, np.exp(x) - 1, x),
+    "HardSigmoid": lambda x: np.clip(0.2 * x + 0.5, 0, 1),
+    "HardSwish": lambda x: x * np.clip(x / 6 + 0.5, 0, 1),
+    "Gelu": lambda x: 0.5 * x * (1 + ERF(x / np.sqrt(2))),
+}
+# Ops defined on part of the line get inputs from their domain.
+DOMAIN = {"Log": lambda x: np.abs(x) + 0.5, "Sqrt": np.abs}
+
+BINARY_REFERENCE = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide,
+    "Equal": np.equal, "Less": np.less, "Greater": np.greater,
+    "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal,
+}
+
+
+def run(inputs, outputs, *arrays):
+    return compile_graph(Graph.from_outputs(inputs, outputs))(*arrays)
+
+
+def test_unary_ops_in_one_graph():
+    x = Tensor("x", "float32", [3, 37])
+    outs = [apply(op, [x], name=op.lower())[0] for op in UNARY_REFERENCE]
+    value = random_array((3, 37), seed=1, low=-3, high=3)
+    value[0, :3] = [0.5, -0.0, 1e-3]
+    results = run([x], outs, value)
+    for op, result in zip(UNARY_REFERENCE, results):
+        if op in DOMAIN:
+            continue
+        with np.errstate(divide="ignore"):
+            expected = UNARY_REFERENCE[op](value.astype(np.float64)).astype(np.float32)
+        assert_close(result, expected, reduction=100, context=op)
+
+
+@pytest.mark.parametrize("op", sorted(DOMAIN))
+def test_domain_restricted_unary_ops(op):
+    x = Tensor("x", "float32", [61])
+    value = DOMAIN[op](random_array((61,), seed=2, low=-4, high=4))
+    (result,) = run([x], [apply(op, [x])[0]], value)
+    assert_close(result, UNARY_REFERENCE[op](value), context=op)
+
+
+@pytest.mark.parametrize("shapes", [((7, 1, 5), (3, 1)), ((1,), (2, 3)), ((4, 1), (4, 97)), ((), (5,))])
+def test_binary_ops_broadcast(shapes):
+    a, b = Tensor("a", "float32", shapes[0]), Tensor("b", "float32", shapes[1])
+    outs = [apply(op, [a, b], name=op)[0] for op in BINARY_REFERENCE]
+    va = random_array(shapes[0], seed=3)
+    vb = random_array(shapes[1], seed=4) + 2.0
+    for op, result in zip(BINARY_REFERENCE, run([a, b], outs, va, vb)):
+        assert_close(result, BINARY_REFERENCE[op](va, vb), context=op)
+
+
+def test_symbolic_broadcast_compiles_once():
+    a = Tensor("a", "float32", ["batch", "seq", 8])
+    bias = constant(random_array((8,), seed=5), "bias")
+    y = apply("Add", [a, bias])[0]
+    model = compile_graph(Graph.from_outputs([a], [y]))
+    for shape in [(1, 1, 8), (2, 7, 8), (3, 61, 8)]:
+        value = random_array(shape, seed=6)
+        assert_close(model(value)[0], value + bias.data)
+
+
+def test_symbolic_against_concrete_broadcast_is_checked_at_run_time():
+    a = Tensor("a", "float32", ["n"])
+    b = Tensor("b", "float32", [4])
+    model = compile_graph(Graph.from_outputs([a, b], [apply("Add", [a, b], name="add")[0]]))
+    ones = np.ones(4, np.float32)
+    assert_close(model(ones, ones)[0], ones * 2)
+    with pytest.raises(Exception, match="add"):
+        model(np.ones(3, np.float32), ones)
+
+
+def test_integer_ops_follow_onnx():
+    a, b = Tensor("a", "int64", [6]), Tensor("b", "int64", [6])
+    va = np.array([7, -7, 7, -7, 0, 5], np.int64)
+    vb = np.array([2, 2, -2, -2, 3, 5], np.int64)
+    div, mod, fmod = (apply("Div", [a, b])[0], apply("Mod", [a, b])[0],
+                      apply("Mod", [a, b], {"fmod": 1})[0])
+    got = run([a, b], [div, mod, fmod], va, vb)
+    np.testing.assert_array_equal(got[0], np.trunc(va / vb).astype(np.int64))
+    np.testing.assert_array_equal(got[1], np.mod(va, vb))
+    np.testing.assert_array_equal(got[2], np.fmod(va, vb))
+
+
+def test_where_cast_clip_and_variadic():
+    c = Tensor("c", "bool", [5, 1])
+    x, y = Tensor("x", "float32", [5, 3]), Tensor("y", "float32", [3])
+    outs = [apply("Where", [c, x, y])[0],
+            apply("Cast", [x], {"to": 7})[0],
+            apply("Clip", [x, constant(np.float32(-0.5)), constant(np.float32(0.25))])[0],
+            apply("Max", [x, y])[0], apply("Min", [x, y, x])[0], apply("Sum", [x, y])[0],
+            apply("Mean", [x, y])[0]]
+    vc = np.array([[True], [False], [True], [False], [True]])
+    vx, vy = random_array((5, 3), seed=7, low=-3, high=3), random_array((3,), seed=8)
+    got = run([c, x, y], outs, vc, vx, vy)
+    assert_close(got[0], np.where(vc, vx, vy))
+    np.testing.assert_array_equal(got[1], vx.astype(np.int64))
+    assert_close(got[2], np.clip(vx, -0.5, 0.25))
+    assert_close(got[3], np.maximum(vx, vy))
+    assert_close(got[4], np.minimum(vx, vy))
+    assert_close(got[5], vx + vy)
+    assert_close(got[6], (vx + vy) / 2)
+
+
+def test_mismatched_dtypes_name_the_node():
+    a, b = Tensor("a", "float32", [3]), Tensor("b", "int64", [3])
+    with pytest.raises(DTypeError, match="plus"):
+        apply("Add", [a, b], name="plus")
+
+
+def test_incompatible_shapes_name_the_node():
+    a, b = Tensor("a", "float32", [3]), Tensor("b", "float32", [4])
+    with pytest.raises(ShapeError, match="plus"):
+        apply("Add", [a, b], name="plus")
+
+
+def test_float_only_op_rejects_integers():
+    with pytest.raises(ShapeError, match="needs a float"):
+        apply("Exp", [Tensor("a", "int32", [3])])

@@ -1,0 +1,75 @@
+"""canonicalize: identities vanish, Gemm splits, BatchNorm folds into convolution."""
+import numpy as np
+
+from tests.harness import assert_close, random_array
+from treadle.compiler import compile_graph
+from treadle.graph.graph import Graph
+from treadle.graph.operator import apply
+from treadle.graph.passes.canonicalize import canonicalize
+from treadle.graph.tensor import Tensor, constant
+
+
+def op_types(graph):
+    return [n.op_type for n in graph.nodes]
+
+
+def same_outputs(before: Graph, after: Graph, *inputs):
+    expected = compile_graph(before, optimize_graph=False)(*inputs)
+    actual = compile_graph(after, optimize_graph=False)(*inputs)
+    for e, a in zip(expected, actual):
+        assert_close(a, e, reduction=64)
+
+
+def test_identities_are_dropped_and_output_names_kept():
+    x = Tensor("x", "float32", [2, 3])
+    y = apply("Identity", [x])[0]
+    z = apply("Relu", [y])[0]
+    w = apply("Reshape", [z, constant(np.array([2, 3]))], output_names=["result"])[0]
+    v = apply("Cast", [w], {"to": 1})[0]
+    graph = Graph.from_outputs([x], [v])
+    out = canonicalize(graph)
+    assert op_types(out) == ["Relu"]
+    assert out.outputs[0].name == v.name
+    same_outputs(graph, out, random_array((2, 3)))
+
+
+def test_output_that_becomes_an_input_is_copied_not_renamed():
+    x = Tensor("x", "float32", [4])
+    y = apply("Identity", [x], output_names=["y"])[0]
+    out = canonicalize(Graph.from_outputs([x], [y]))
+    assert out.inputs[0].name == "x" and out.outputs[0].name == "y"
+
+
+def test_gemm_becomes_matmul_and_element_wise_ops():
+    a = Tensor("a", "float32", [5, 7])
+    b = constant(random_array((3, 7), seed=1), "b")
+    c = constant(random_array((3,), seed=2), "c")
+    y = apply("Gemm", [a, b, c], {"transB": 1, "alpha": 0.5, "beta": 2.0}, "dense")[0]
+    graph = Graph.from_outputs([a], [y])
+    out = canonicalize(graph)
+    assert "Gemm" not in op_types(out) and "MatMul" in op_types(out)
+    same_outputs(graph, out, random_array((5, 7), seed=3))
+
+
+def conv_bn(shared: bool):
+    x = Tensor("x", "float32", [1, 3, 9, 9])
+    w = constant(random_array((4, 3, 3, 3), seed=4), "w")
+    conv = apply("Conv", [x, w], {"pads": [1, 1, 1, 1]}, "conv")[0]
+    stats = [constant(random_array((4,), seed=s, low=0.5, high=1.5)) for s in range(5, 9)]
+    bn = apply("BatchNormalization", [conv, *stats], {"epsilon": 1e-3}, "bn")[0]
+    outputs = [apply("Relu", [bn])[0]] + ([conv] if shared else [])
+    return Graph.from_outputs([x], outputs)
+
+
+def test_batch_norm_folds_into_convolution():
+    graph = conv_bn(shared=False)
+    out = canonicalize(graph)
+    assert op_types(out) == ["Conv", "Relu"]
+    same_outputs(graph, out, random_array((1, 3, 9, 9), seed=9))
+
+
+def test_batch_norm_does_not_fold_into_a_shared_convolution():
+    graph = conv_bn(shared=True)
+    out = canonicalize(graph)
+    assert op_types(out) == ["Conv", "Mul", "Add", "Relu"]
+    same_outputs(graph, out, random_array((1, 3, 9, 9), seed=9))

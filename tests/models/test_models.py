@@ -1,0 +1,89 @@
+"""The model zoo end to end, at CI size: export each reduced model to ONNX, compile it with
+``treadle.compile`` and compare every output with ONNX Runtime's on the same random inputs.
+
+The reduced models keep every kind of layer of the full ones (bench/check_models.py runs
+those). Errors are measured against each output's largest magnitude, since values near
+zero (logits, normalized activations) make elementwise relative errors meaningless.
+"""
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="the zoo models are built and exported with torch "
+                    "(pip install 'treadle[test]')")
+pytest.importorskip("transformers", reason="BERT and GPT-2 are built from transformers "
+                    "configs (pip install 'treadle[test]')")
+ort = pytest.importorskip("onnxruntime")
+
+import treadle  # noqa: E402
+from treadle.models import MODELS, export_onnx, require  # noqa: E402
+
+RELATIVE_TOLERANCE = 1e-3  # max abs error / max abs value of the output
+SEQUENCE_LENGTHS = (1, 7, 16)  # the reduced BERT is exported at 16, its maximum is 64
+
+
+def reference(path) -> "ort.InferenceSession":
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def assert_matches(compiled, session, inputs, context: str) -> None:
+    expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
+    actual = dict(zip(compiled.output_names, compiled(**inputs)))
+    assert sorted(actual) == sorted(expected), f"output names differ ({context})"
+    for name, want in expected.items():
+        got = actual[name]
+        where = f"{context}, output {name!r}"
+        assert got.shape == want.shape, f"shape {got.shape} != {want.shape} ({where})"
+        assert got.dtype == want.dtype, f"dtype {got.dtype} != {want.dtype} ({where})"
+        error = float(np.abs(got - want).max()) / float(np.abs(want).max())
+        assert error <= RELATIVE_TOLERANCE, f"relative error {error:.2e} ({where})"
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    return tmp_path_factory.mktemp("zoo")
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_reduced_model_matches_onnxruntime(zoo, name):
+    spec = export_onnx(name, zoo / f"{name}.onnx", reduced=True)
+    compiled = treadle.compile(spec.path)
+    assert compiled.input_names == spec.input_names
+    assert_matches(compiled, reference(spec.path), spec.random_inputs(), name)
+
+
+def test_bert_with_symbolic_sequence_compiles_once(zoo):
+    spec = export_onnx("bert", zoo / "bert_seq.onnx", reduced=True, dynamic_seq=True)
+    compiled = treadle.compile(spec.path)
+    session = reference(spec.path)
+    for seq in SEQUENCE_LENGTHS:
+        assert_matches(compiled, session, spec.random_inputs(seed=seq, seq=seq),
+                       f"bert, seq={seq}")
+
+
+def test_dynamic_export_names_the_sequence_axis(zoo):
+    onnx = pytest.importorskip("onnx")
+    spec = export_onnx("gpt2", zoo / "gpt2_seq.onnx", reduced=True, dynamic_seq=True)
+    graph = onnx.load(str(spec.path)).graph
+    for value in [*graph.input, *graph.output]:
+        dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+        assert dims[:2] == [1, "seq"], f"{value.name}: {dims}"
+    assert {i.name: i.shape for i in spec.inputs} == {"input_ids": (1, "seq"),
+                                                     "attention_mask": (1, "seq")}
+    assert spec.random_inputs(seq=5)["input_ids"].shape == (1, 5)
+
+
+def test_export_rejects_what_it_cannot_build(zoo):
+    with pytest.raises(ValueError, match="unknown model 'vgg'"):
+        export_onnx("vgg", zoo / "vgg.onnx")
+    with pytest.raises(ValueError, match="dynamic_seq applies to the transformer"):
+        export_onnx("resnet50", zoo / "r.onnx", reduced=True, dynamic_seq=True)
+
+
+def test_missing_torch_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(ImportError, match=r"pip install 'treadle\[torch\]'"):
+        require("torch")

@@ -1,0 +1,116 @@
+"""The executor: memory plan, views, argument checks and concurrent calls."""
+import threading
+
+import numpy as np
+import pytest
+
+from tests.harness import assert_close, random_array
+from treadle.compiler import compile_graph
+from treadle.errors import ArgumentError, DTypeError, ShapeError
+from treadle.graph.graph import Graph
+from treadle.graph.operator import apply
+from treadle.graph.tensor import Tensor
+from treadle.runtime.executor import _first_fit
+
+
+def chain(length: int):
+    x = Tensor("x", "float32", ["n", 64])
+    t = x
+    for k in range(length):
+        t = apply("Add" if k % 2 else "Mul", [t, x], name=f"op{k}")[0]
+    return compile_graph(Graph.from_outputs([x], [t]), optimize_graph=False)
+
+
+def reference_chain(value, length):
+    t = value
+    for k in range(length):
+        t = t + value if k % 2 else t * value
+    return t
+
+
+def test_chain_reuses_arena_memory():
+    model = chain(8)
+    value = random_array((5, 64), seed=1)
+    assert_close(model(value)[0], reference_chain(value, 8))
+    plan = next(iter(model._plans.values()))
+    one_tensor = 5 * 64 * 4
+    # Seven intermediates live one step each: two buffers at a time suffice.
+    assert plan.arena_bytes <= 2 * (one_tensor + 64)
+
+
+def test_first_fit_never_overlaps_live_tensors():
+    rng = np.random.default_rng(0)
+    intervals = []
+    for k in range(60):
+        start = int(rng.integers(0, 20))
+        intervals.append((k, start, start + int(rng.integers(0, 5)), int(rng.integers(1, 5000))))
+    offsets, total = _first_fit(intervals)
+    for a in intervals:
+        for b in intervals:
+            if a[0] < b[0] and not (a[2] < b[1] or b[2] < a[1]):
+                a0, b0 = offsets[a[0]], offsets[b[0]]
+                assert a0 + a[3] <= b0 or b0 + b[3] <= a0
+    assert total >= max(i[3] for i in intervals)
+
+
+def test_symbolic_sizes_get_their_own_plans():
+    model = chain(3)
+    for n in (1, 7, 61):
+        value = random_array((n, 64), seed=n)
+        assert_close(model(value)[0], reference_chain(value, 3))
+    assert len(model._plans) == 3
+
+
+def test_outputs_are_owned_by_the_caller():
+    model = chain(2)
+    a = model(np.ones((2, 64), np.float32))[0]
+    b = model(np.full((2, 64), 2, np.float32))[0]
+    assert not np.shares_memory(a, b)
+    assert_close(a, np.full((2, 64), 2, np.float32))
+
+
+def test_input_returned_as_output_is_copied():
+    x = Tensor("x", "float32", [3])
+    model = compile_graph(Graph.from_outputs([x], [x]))
+    value = np.arange(3, dtype=np.float32)
+    out = model(value)[0]
+    assert not np.shares_memory(out, value)
+
+
+def test_concurrent_calls_from_threads():
+    model = chain(6)
+    errors = []
+
+    def work(seed):
+        value = random_array((seed + 1, 64), seed=seed)
+        for _ in range(20):
+            if not np.allclose(model(value)[0], reference_chain(value, 6), rtol=1e-5):
+                errors.append(seed)
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_bad_inputs_name_the_tensor():
+    model = chain(2)
+    with pytest.raises(DTypeError, match="'x'"):
+        model(np.ones((2, 64), np.float64))
+    with pytest.raises(ShapeError, match="'x'"):
+        model(np.ones((2, 63), np.float32))
+    with pytest.raises(ShapeError, match="'x'"):
+        model(np.ones(64, np.float32))
+    with pytest.raises(ArgumentError, match="1 inputs"):
+        model()
+    with pytest.raises(ArgumentError, match="numpy array"):
+        model([[1.0] * 64])
+
+
+def test_inputs_by_name():
+    model = chain(2)
+    value = random_array((3, 64), seed=9)
+    assert_close(model(x=value)[0], reference_chain(value, 2))
+    with pytest.raises(ArgumentError, match="unknown"):
+        model(y=value)

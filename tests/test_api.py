@@ -1,0 +1,149 @@
+"""treadle.compile / CompiledModel / save / load: inputs of every kind, calls from several
+threads, and saved models that load without a compiler and refuse to be corrupted."""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import onnx
+import pytest
+
+import treadle
+from tests.frontend.onnx_models import affine_model, run_onnxruntime
+from tests.harness import assert_close, random_array
+from treadle.config import override
+from treadle.errors import ArgumentError, CompileError, ModelError
+from treadle.graph.graph import Graph
+from treadle.graph.operator import apply
+from treadle.graph.tensor import Tensor
+
+pytest.importorskip("onnxruntime")
+
+NO_COMPILER = "/nonexistent/treadle-test-cc"
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return treadle.compile(affine_model())
+
+
+def expected(x: np.ndarray) -> np.ndarray:
+    return run_onnxruntime(affine_model(), {"x": x})[0]
+
+
+def test_compile_takes_paths_protos_and_graphs(tmp_path):
+    path = tmp_path / "affine.onnx"
+    onnx.save(affine_model(), path)
+    x = random_array((3, 5), seed=1)
+    for model in (path, str(path), affine_model()):
+        assert_close(treadle.compile(model)(x)[0], expected(x))
+    t = Tensor("t", "float32", ("n",))
+    graph = Graph.from_outputs([t], apply("Neg", [t], name="neg", output_names=["u"]))
+    model = treadle.compile(graph, name="negate")
+    assert model.name == "negate" and model.input_names == ["t"] and model.output_names == ["u"]
+    assert_close(model(np.arange(4, dtype=np.float32))[0], -np.arange(4, dtype=np.float32))
+
+
+def test_other_model_types_are_a_clear_type_error():
+    with pytest.raises(TypeError, match="ONNX file path, an onnx.ModelProto or a treadle Graph"):
+        treadle.compile(object())
+
+
+def test_calls_by_position_and_by_name(compiled):
+    assert compiled.input_names == ["x"] and compiled.output_names == ["y"]
+    x = random_array((4, 5), seed=2)
+    assert_close(compiled(x)[0], expected(x))
+    assert_close(compiled(x=x)[0], expected(x))
+    with pytest.raises(ArgumentError, match="missing \\['x'\\]"):
+        compiled(z=x)
+
+
+def test_torch_tensors_are_accepted(compiled):
+    torch = pytest.importorskip("torch")
+    x = random_array((2, 5), seed=3)
+    assert_close(compiled(torch.from_numpy(x))[0], expected(x))
+
+
+def test_calls_from_several_threads(compiled):
+    def work(seed: int) -> bool:
+        rng = np.random.default_rng(seed)
+        for _ in range(20):
+            x = random_array((int(rng.integers(0, 50)), 5), seed=int(rng.integers(1 << 30)))
+            if not np.allclose(compiled(x)[0], expected(x), rtol=1e-5, atol=1e-6):
+                return False
+        return True
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(work, range(8)))
+
+
+def test_saved_model_loads_without_the_compiler(compiled, tmp_path):
+    compiled.save(tmp_path / "saved")
+    with override(cc=NO_COMPILER):
+        with pytest.raises(CompileError):  # the override really takes the compiler away
+            treadle.compile(treadle_graph_that_needs_a_new_kernel())
+        loaded = treadle.load(tmp_path / "saved")
+        assert loaded.input_names == ["x"] and loaded.output_names == ["y"]
+        for size in (0, 1, 7, 64):
+            x = random_array((size, 5), seed=size)
+            np.testing.assert_array_equal(loaded(x)[0], compiled(x)[0])
+
+
+def treadle_graph_that_needs_a_new_kernel() -> Graph:
+    t = Tensor("t", "float64", (3, 7, 11))
+    return Graph.from_outputs([t], apply("Softsign", [t], name="fresh"))
+
+
+def test_saving_again_replaces_a_previous_save(compiled, tmp_path):
+    target = tmp_path / "saved"
+    target.mkdir()  # an empty directory is fine
+    compiled.save(target)
+    first = sorted(os.listdir(target))
+    compiled.save(target)
+    assert sorted(os.listdir(target)) == first
+    assert sorted(os.listdir(tmp_path)) == ["saved"]  # no staging folders left behind
+
+
+def test_saving_never_overwrites_what_the_user_owns(compiled, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not a saved treadle model"):
+        compiled.save(mine)
+    assert os.listdir(mine) == ["notes.txt"]
+    saved = tmp_path / "saved"
+    compiled.save(saved)
+    (saved / "notes.txt").write_text("keep me too")
+    with pytest.raises(FileExistsError, match="notes.txt"):
+        compiled.save(saved)
+    assert (saved / "notes.txt").read_text() == "keep me too"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FileExistsError):
+        compiled.save(tmp_path / "file")
+
+
+def _corrupt_library(folder):
+    library = next(folder.glob("*.so"))
+    data = bytearray(library.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    library.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda folder: (folder / "manifest.json").unlink(), "not a saved treadle model"),
+    (lambda folder: (folder / "manifest.json").write_text("{not json"), "corrupt"),
+    (lambda folder: (folder / "constants.npz").unlink(), "constants.npz: missing"),
+    (lambda folder: (folder / "program.pkl").write_bytes(b"\x80\x05junk"), "program.pkl: corrupt"),
+    (_corrupt_library, r"\.so: corrupt"),
+])
+def test_damaged_saves_fail_to_load_with_a_clear_error(compiled, tmp_path, damage, message):
+    compiled.save(tmp_path / "saved")
+    damage(tmp_path / "saved")
+    with pytest.raises(ModelError, match=message):
+        treadle.load(tmp_path / "saved")
+
+
+def test_loading_a_missing_directory_is_a_model_error(tmp_path):
+    with pytest.raises(ModelError, match="not a saved treadle model"):
+        treadle.load(tmp_path / "nowhere")

@@ -1,0 +1,96 @@
+"""The treadle command: run and show, and errors as one line with exit status 2."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from tests.frontend.onnx_models import affine_model, make_model, tensor
+from treadle.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def affine(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "affine.onnx"
+    onnx.save(affine_model(), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def unsupported(tmp_path_factory) -> Path:
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("Wobble", ["a"], ["b"], name="wobble_1"),
+             helper.make_node("Wobble", ["b"], ["y"], name="wobble_2")]
+    path = tmp_path_factory.mktemp("cli") / "wobble.onnx"
+    onnx.save(make_model(nodes, [tensor("x", [3])], [tensor("y", [3])]), path)
+    return path
+
+
+def test_run_with_random_inputs_prints_outputs_and_latency(affine, capsys):
+    assert main(["run", str(affine), "--dim", "batch=6", "--repeat", "3"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^y: float32\[6, 5\] mean \S+ std \S+ min \S+ max \S+$", out, re.M)
+    assert re.search(r"^median latency: \d+\.\d+ ms over 3 calls$", out, re.M)
+
+
+def test_run_with_an_input_file_needs_no_dim(affine, tmp_path, capsys):
+    x = np.zeros((2, 5), np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(affine), "--input", f"x={tmp_path / 'x.npy'}", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "y: float32[2, 5]" in out
+    # sigmoid((0 + b) * 2) at b = -1 is the minimum
+    assert f"min {1 / (1 + np.exp(2.0)):.6g}" in out
+
+
+def test_show_summarises_the_model(affine, capsys):
+    assert main(["show", str(affine)]) == 0
+    out = capsys.readouterr().out
+    assert "opset 17, 4 nodes" in out
+    assert "x: float32[batch, 5]" in out and "y: float32[batch, 5]" in out
+    assert "constants: 1 tensor, 20 B" in out
+    assert re.search(r"^  Add +1$", out, re.M) and re.search(r"^  Sigmoid +1$", out, re.M)
+    assert "unsupported ops: none" in out
+
+
+def test_show_lists_unsupported_ops(unsupported, capsys):
+    assert main(["show", str(unsupported)]) == 0
+    assert "unsupported ops: Wobble (2 nodes)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "{affine}"], "--dim batch=N"),
+    (["run", "{affine}", "--dim", "batch=many"], "expected a non-negative integer"),
+    (["run", "{affine}", "--input", "nope=x.npy"], "not inputs of the model"),
+    (["run", "{unsupported}"], "Wobble (nodes 'wobble_1', 'wobble_2')"),
+    (["run", "{missing}"], "No such file"),
+    (["show", "{garbage}"], "not a readable ONNX model"),
+])
+def test_errors_print_one_line_and_exit_2(affine, unsupported, tmp_path, capsys, argv, message):
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"\x07junk")
+    paths = {"affine": affine, "unsupported": unsupported, "missing": tmp_path / "missing.onnx",
+             "garbage": garbage}
+    assert main([a.format(**paths) for a in argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("treadle: error: ") and captured.err.count("\n") == 1
+    assert message in captured.err
+
+
+def test_the_module_runs_as_a_command(affine):
+    result = subprocess.run([sys.executable, "-m", "treadle.cli", "show", str(affine)],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert "Sigmoid" in result.stdout
+    result = subprocess.run([sys.executable, "-m", "treadle.cli", "run", str(affine)],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 2 and "Traceback" not in result.stderr

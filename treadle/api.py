@@ -1,0 +1,227 @@
+"""The public entry points: compile a model, call it, save it and load it back.
+
+A saved model is a directory that runs without the compiler:
+
+    manifest.json         format and version, and every other file with its sha256
+    program.pkl           tensor slots, the step list and the lowered IR of every kernel
+    constants.npz         the constant tensors, by slot
+    kernels_<hash>.so     the shared objects, copied from the kernel cache
+
+Shared objects are named by content hash because the dynamic loader reuses a library
+already loaded from the same path, so a path must never name two different binaries.
+Loading checks every file's hash, then unpickles the program and loads the shared objects:
+a saved model is code, so load only saved models you trust, as with any shared object.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import re
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from treadle.compiler import compile_graph
+from treadle.errors import ModelError
+from treadle.graph.graph import Graph
+from treadle.runtime.executor import Executable, Step
+from treadle.runtime.module import load as load_library
+from treadle.target.cpu import host
+
+if TYPE_CHECKING:
+    import onnx
+
+FORMAT = "treadle-saved-model"
+VERSION = 1
+MANIFEST = "manifest.json"
+PROGRAM = "program.pkl"
+CONSTANTS = "constants.npz"
+FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # what a manifest may list
+
+
+class CompiledModel:
+    """A compiled model: ``model(*arrays)`` or ``model(**named)`` returns its outputs as a
+    list of numpy arrays. Inputs may be numpy arrays or torch tensors. Calls from several
+    threads at once are safe."""
+
+    def __init__(self, executable: Executable, name: str):
+        self.executable = executable
+        self.name = name
+
+    @property
+    def input_names(self) -> list[str]:
+        return self.executable.input_names
+
+    @property
+    def output_names(self) -> list[str]:
+        return self.executable.output_names
+
+    def __call__(self, *args, **named) -> list[np.ndarray]:
+        return self.executable(*args, **named)
+
+    def save(self, directory: str | os.PathLike) -> None:
+        """Writes everything needed to run the model into ``directory``, which must be
+        missing, empty or a previous save (which is replaced)."""
+        _save(self, Path(directory))
+
+    def __repr__(self) -> str:
+        return f"CompiledModel({self.name!r}, inputs={self.input_names}, " \
+               f"outputs={self.output_names})"
+
+
+def compile(model: str | os.PathLike | onnx.ModelProto | Graph, *,
+            name: str | None = None) -> CompiledModel:
+    """Compiles an ONNX model (a file path or an ``onnx.ModelProto``) or a treadle graph."""
+    graph = _as_graph(model, name)
+    return CompiledModel(compile_graph(graph), graph.name)
+
+
+def _as_graph(model, name: str | None) -> Graph:
+    if isinstance(model, Graph):
+        return replace(model, name=name) if name else model
+    if isinstance(model, (str, os.PathLike)) or type(model).__name__ == "ModelProto":
+        from treadle.frontend.onnx import from_onnx
+        return from_onnx(model, name)
+    raise TypeError(f"treadle.compile takes an ONNX file path, an onnx.ModelProto or a "
+                    f"treadle Graph, not {type(model).__module__}.{type(model).__qualname__}")
+
+
+# ---- saving --------------------------------------------------------------------------------
+
+def _save(model: CompiledModel, directory: Path) -> None:
+    """Writes the model into a fresh folder beside ``directory`` and moves it into place,
+    so an interrupted save leaves no half-written model behind."""
+    previous = _previous_save(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.saving."))
+    try:
+        _write(model, staging)
+        if previous is None:
+            os.replace(staging, directory)  # also replaces an empty directory
+        else:
+            _replace_previous(directory, staging, previous)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+
+
+def _previous_save(directory: Path) -> list[str] | None:
+    """The files of a previous save in ``directory``; None when it is missing or empty;
+    an error when it holds anything else, so nothing the user owns is overwritten."""
+    if not directory.exists():
+        return None
+    if not directory.is_dir():
+        raise FileExistsError(f"{directory} exists and is not a directory")
+    entries = sorted(p.name for p in directory.iterdir())
+    if not entries:
+        return None
+    try:
+        files = [MANIFEST, *_read_manifest(directory)["files"]]
+    except ModelError:
+        files = []
+    extra = [e for e in entries if e not in files]
+    if not files or extra:
+        raise FileExistsError(f"{directory} is not empty and not a saved treadle model "
+                              f"(it holds {', '.join(extra[:5])}); choose another directory")
+    return entries
+
+
+def _replace_previous(directory: Path, staging: Path, files: list[str]) -> None:
+    old = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.old."))
+    os.replace(directory, old / "model")
+    os.replace(staging, directory)
+    for name in files:
+        (old / "model" / name).unlink()
+    (old / "model").rmdir()
+    old.rmdir()
+
+
+def _write(model: CompiledModel, folder: Path) -> None:
+    ex = model.executable
+    libraries: dict[Path, list] = {}
+    for step in ex.steps:
+        if step.kernel is not None:
+            libraries.setdefault(step.kernel.path, []).append(step.kernel.function)
+    library_table = []
+    for path, functions in libraries.items():
+        file = f"kernels_{_sha256(path)[:32]}.so"
+        shutil.copyfile(path, folder / file)
+        library_table.append((file, list({f.name: f for f in functions}.values())))
+    program = {"name": model.name, "slots": ex.slots, "inputs": ex.inputs,
+               "outputs": ex.outputs, "libraries": library_table,
+               "steps": [(s.name, None if s.kernel is None else s.kernel.function.name,
+                          s.args, s.outputs, s.workspaces) for s in ex.steps]}
+    (folder / PROGRAM).write_bytes(pickle.dumps(program, protocol=pickle.HIGHEST_PROTOCOL))
+    np.savez(folder / CONSTANTS, **{str(k): v for k, v in ex.constants.items()})
+    names = [PROGRAM, CONSTANTS, *(file for file, _ in library_table)]
+    files = {name: _sha256(folder / name) for name in names}
+    # The kernels were compiled for this CPU's instruction-set extensions.
+    manifest = {"format": FORMAT, "version": VERSION, "name": model.name,
+                "cpu_features": list(host().features), "files": files}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ---- loading -------------------------------------------------------------------------------
+
+def load(directory: str | os.PathLike) -> CompiledModel:
+    """A model saved by ``CompiledModel.save``, ready to call; never runs the compiler."""
+    folder = Path(directory)
+    manifest = _read_manifest(folder)
+    missing = sorted(set(manifest.get("cpu_features", [])) - set(host().features))
+    if missing:
+        raise ModelError(f"{folder}: compiled for a CPU with {', '.join(missing)}, which this "
+                         "CPU lacks; compile the model again here")
+    for file, digest in manifest["files"].items():
+        path = folder / file
+        if not path.is_file():
+            raise ModelError(f"{path}: missing from the saved model")
+        if _sha256(path) != digest:
+            raise ModelError(f"{path}: corrupt (its sha256 differs from the manifest's)")
+    try:
+        return _load_program(folder)
+    except (pickle.UnpicklingError, EOFError, ImportError, AttributeError, KeyError,
+            TypeError, ValueError, OSError) as err:
+        raise ModelError(f"{folder}: cannot load the saved model ({err})") from None
+
+
+def _load_program(folder: Path) -> CompiledModel:
+    program = pickle.loads((folder / PROGRAM).read_bytes())
+    with np.load(folder / CONSTANTS) as npz:
+        constants = {int(k): npz[k] for k in npz.files}
+    kernels = {}
+    for file, functions in program["libraries"]:
+        kernels.update(load_library(folder / file, functions).functions)
+    steps = [Step(name, None if fn is None else kernels[fn], args, outputs, workspaces)
+             for name, fn, args, outputs, workspaces in program["steps"]]
+    executable = Executable(program["slots"], program["inputs"], program["outputs"],
+                            constants, steps)
+    return CompiledModel(executable, program["name"])
+
+
+def _read_manifest(folder: Path) -> dict:
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise ModelError(f"{folder}: not a saved treadle model (no {MANIFEST})")
+    try:
+        manifest = json.loads(path.read_text())
+        valid = (manifest["format"] == FORMAT and isinstance(manifest["files"], dict)
+                 and {PROGRAM, CONSTANTS} <= set(manifest["files"])
+                 and all(FILE_NAME.fullmatch(f) and f != MANIFEST for f in manifest["files"]))
+    except (ValueError, KeyError, TypeError):
+        valid = False
+    if not valid:
+        raise ModelError(f"{path}: not a treadle manifest, or corrupt")
+    if manifest.get("version") != VERSION:
+        raise ModelError(f"{path}: saved by format version {manifest.get('version')}; this "
+                         f"treadle reads version {VERSION}")
+    return manifest

@@ -1,0 +1,210 @@
+"""The ``treadle`` command.
+
+    treadle run model.onnx [--input name=file.npy ...] [--dim seq=128 ...] [--repeat N]
+    treadle show model.onnx
+
+``run`` compiles the model, feeds it the given inputs (random ones otherwise: floats from
+a standard normal, integers from [0, 4), so that indices stay small), prints each output's
+shape and a summary of its values, and the median latency over ``--repeat`` calls.
+``show`` summarises the model without compiling it. Errors print one line and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+
+from treadle.errors import TreadleError
+
+EXIT_ERROR = 2
+INT_HIGH = 4  # random integer inputs lie in [0, INT_HIGH)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        args.command(args)
+    except (TreadleError, OSError, ValueError) as err:
+        message = " ".join(str(err).split()) or type(err).__name__
+        print(f"treadle: error: {message}", file=sys.stderr)
+        return EXIT_ERROR
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="treadle", description="A deep-learning compiler.")
+    commands = parser.add_subparsers(required=True, metavar="command")
+    run = commands.add_parser("run", help="compile a model and run it")
+    run.add_argument("model", help="an ONNX file")
+    run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                     help="an input's value (default: random)")
+    run.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
+                     help="the size of a symbolic dimension of random inputs")
+    run.add_argument("--repeat", type=int, default=10, metavar="N",
+                     help="timed calls after one warm-up call (default 10)")
+    run.set_defaults(command=run_command)
+    show = commands.add_parser("show", help="summarise a model without compiling it")
+    show.add_argument("model", help="an ONNX file")
+    show.set_defaults(command=show_command)
+    return parser
+
+
+# ---- run -------------------------------------------------------------------------------------
+
+def run_command(args) -> None:
+    import treadle
+    if args.repeat < 1:
+        raise ValueError(f"--repeat {args.repeat}: expected a positive number")
+    model = treadle.compile(args.model)
+    inputs = _inputs(model, _pairs(args.input, "--input"),
+                     {k: _size(k, v) for k, v in _pairs(args.dim, "--dim").items()})
+    outputs = model(**inputs)
+    times = []
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        model(**inputs)
+        times.append(time.perf_counter() - start)
+    for name, value in zip(model.output_names, outputs):
+        print(f"{name}: {value.dtype}{list(value.shape)} {_summary(value)}")
+    print(f"median latency: {statistics.median(times) * 1e3:.3f} ms over {args.repeat} calls")
+
+
+def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"{flag} {item!r}: expected NAME=VALUE")
+        pairs[key] = value
+    return pairs
+
+
+def _size(symbol: str, text: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"--dim {symbol}={text}: expected a non-negative integer size")
+    return int(text)
+
+
+def _inputs(model, files: dict[str, str], dims: dict[str, int]) -> dict[str, np.ndarray]:
+    executable = model.executable
+    unknown = set(files) - set(model.input_names)
+    if unknown:
+        raise ValueError(f"--input names {sorted(unknown)} are not inputs of the model; its "
+                         f"inputs are {model.input_names}")
+    values = {name: np.load(path) for name, path in files.items()}
+    slots = [executable.slots[i] for i in executable.inputs]
+    for slot in slots:  # symbols given by input files need no --dim
+        if slot.name in values:
+            for dim, size in zip(slot.shape, values[slot.name].shape):
+                if not isinstance(dim, int):
+                    dims.setdefault(str(dim), size)
+    rng = np.random.default_rng(0)
+    for slot in slots:
+        if slot.name not in values:
+            shape = [_concrete(d, slot.name, dims) for d in slot.shape]
+            values[slot.name] = _random(rng, slot.dtype.numpy, shape)
+    return values
+
+
+def _concrete(dim, input_name: str, dims: dict[str, int]) -> int:
+    if isinstance(dim, int):
+        return dim
+    if str(dim) not in dims:
+        raise ValueError(f"input {input_name!r} has the symbolic dimension {dim}; give its "
+                         f"size with --dim {dim}=N or pass the input with --input")
+    return dims[str(dim)]
+
+
+def _random(rng: np.random.Generator, dtype: np.dtype, shape) -> np.ndarray:
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(dtype)
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(0, INT_HIGH, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _summary(value: np.ndarray) -> str:
+    if value.size == 0:
+        return "(empty)"
+    data = value.astype(np.float64)
+    return (f"mean {data.mean():.6g} std {data.std():.6g} min {data.min():.6g} "
+            f"max {data.max():.6g}")
+
+
+# ---- show ------------------------------------------------------------------------------------
+
+def show_command(args) -> None:
+    from treadle.frontend import onnx as frontend
+    proto = frontend.load_model(args.model)
+    graph = proto.graph
+    opset = frontend.opset_version(proto)
+    print(f"model {args.model}: graph {graph.name!r}, opset {opset}, {len(graph.node)} nodes")
+    constants = {t.name for t in graph.initializer}
+    print("inputs:")
+    for info in graph.input:
+        if info.name not in constants:
+            print(f"  {_format_info(info)}")
+    print("outputs:")
+    for info in graph.output:
+        print(f"  {_format_info(info)}")
+    tensors = [*graph.initializer, *(a.t for n in graph.node if n.op_type == "Constant"
+                                     for a in n.attribute if a.name == "value")]
+    size = sum(_tensor_bytes(t) for t in tensors)
+    print(f"constants: {_plural(len(tensors), 'tensor')}, {_format_bytes(size)}")
+    print("ops:")
+    for op, count in sorted(Counter(n.op_type for n in graph.node).items(),
+                            key=lambda item: (-item[1], item[0])):
+        print(f"  {op:<24} {count}")
+    unsupported = [f"{op} ({_plural(len(nodes), 'node')})"
+                   for op, nodes in sorted(frontend.unsupported_nodes(graph).items())]
+    print("unsupported ops: " + (", ".join(unsupported) or "none"))
+    if opset not in frontend.OPSETS:
+        print(f"unsupported opset: {opset} (treadle reads opsets {frontend.OPSETS.start} to "
+              f"{frontend.OPSETS.stop - 1})")
+
+
+def _format_info(info) -> str:
+    from onnx import TensorProto
+
+    from treadle.graph.ops.common import ONNX_DTYPES
+    tensor = info.type.tensor_type
+    if info.type.WhichOneof("value") != "tensor_type":
+        return f"{info.name}: {info.type.WhichOneof('value')}"
+    code = tensor.elem_type
+    dtype = ONNX_DTYPES[code].name if code in ONNX_DTYPES else TensorProto.DataType.Name(code)
+    if not tensor.HasField("shape"):
+        return f"{info.name}: {dtype}[unknown rank]"
+    dims = [str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
+            for d in tensor.shape.dim]
+    return f"{info.name}: {dtype}[{', '.join(dims)}]"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _tensor_bytes(tensor) -> int:
+    from onnx.helper import tensor_dtype_to_np_dtype
+    try:
+        itemsize = tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        itemsize = 0  # strings and other types of no fixed size
+    return math.prod(tensor.dims) * itemsize
+
+
+def _format_bytes(size: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Importers from model formats into the graph IR."""

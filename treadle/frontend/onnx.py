@@ -1,0 +1,266 @@
+"""Importing ONNX models into the graph IR.
+
+Everything that can reject a model runs before anything is built, so a user learns all
+that is wrong at once: the opset version, then every node whose op treadle lacks (one
+error listing each op type with its node names), then the model's structure (every tensor
+defined once, before use) and ``onnx.checker``. Building is then a walk over the nodes in
+file order, which ONNX requires to be topological: initializers and Constant nodes become
+constant tensors, graph inputs become tensors whose unknown dimensions are named symbols,
+and every other node is applied through the operator registry, which infers its outputs.
+Names from the model are kept as they are; the backend sanitizes them before they reach C.
+"""
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import AttributeProto, numpy_helper
+
+from treadle.errors import ModelError, UnsupportedOpError
+from treadle.graph.graph import Graph
+from treadle.graph.operator import REGISTRY, apply
+from treadle.graph.ops.common import ONNX_DTYPES
+from treadle.graph.tensor import Tensor
+from treadle.ir import dtypes
+from treadle.ir.dtypes import DataType
+
+OPSETS = range(13, 22)  # versions of the default domain whose op semantics treadle follows
+DEFAULT_DOMAINS = ("", "ai.onnx")
+# Op types the importer handles itself rather than through the registry.
+IMPORTED_DIRECTLY = {"Constant"}
+NAMES_SHOWN = 5  # node names listed per unsupported op type
+
+# How each attribute type decodes to a Python value; other types are unsupported.
+ATTRIBUTE_DECODERS = {
+    AttributeProto.FLOAT: lambda a: float(a.f),
+    AttributeProto.INT: lambda a: int(a.i),
+    AttributeProto.STRING: lambda a: a.s.decode("utf-8", "replace"),
+    AttributeProto.TENSOR: lambda a: numpy_helper.to_array(a.t),
+    AttributeProto.FLOATS: lambda a: [float(v) for v in a.floats],
+    AttributeProto.INTS: lambda a: [int(v) for v in a.ints],
+    AttributeProto.STRINGS: lambda a: [s.decode("utf-8", "replace") for s in a.strings],
+    AttributeProto.TENSORS: lambda a: [numpy_helper.to_array(t) for t in a.tensors],
+}
+
+# A Constant node's value attribute -> the numpy dtype of its scalar or list forms.
+CONSTANT_VALUES = {"value_float": np.float32, "value_floats": np.float32,
+                   "value_int": np.int64, "value_ints": np.int64}
+
+
+def from_onnx(model: str | os.PathLike | onnx.ModelProto, name: str | None = None) -> Graph:
+    """The graph of an ONNX model given as a file path or a ``ModelProto``."""
+    proto = load_model(model)
+    check_opset(proto)
+    check_supported(proto.graph)
+    check_structure(proto.graph)
+    _check_with_onnx(proto)
+    return _build(proto.graph, name or proto.graph.name or "model")
+
+
+def load_model(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"expected an ONNX file path or an onnx.ModelProto, got "
+                        f"{type(model).__name__}")
+    try:
+        return onnx.load(os.fspath(model))
+    except (DecodeError, onnx.checker.ValidationError, UnicodeDecodeError) as err:
+        raise ModelError(f"{os.fspath(model)}: not a readable ONNX model ({err})") from None
+
+
+# ---- checks before building ------------------------------------------------------------
+
+def opset_version(proto: onnx.ModelProto) -> int | None:
+    """The model's version of the default ONNX domain, None if it imports none."""
+    versions = [o.version for o in proto.opset_import if o.domain in DEFAULT_DOMAINS]
+    return max(versions) if versions else None
+
+
+def check_opset(proto: onnx.ModelProto) -> None:
+    version = opset_version(proto)
+    if version not in OPSETS:
+        found = "no default-domain opset" if version is None else f"opset {version}"
+        raise UnsupportedOpError(f"the model uses {found}; treadle supports ONNX opsets "
+                                 f"{OPSETS.start} to {OPSETS.stop - 1}")
+
+
+def node_name(node: onnx.NodeProto, index: int) -> str:
+    """The node's name in the model, or its op type and position when it has none."""
+    return node.name or f"{node.op_type}_{index}"
+
+
+def unsupported_nodes(graph: onnx.GraphProto) -> dict[str, list[str]]:
+    """Op type (prefixed by its domain outside the default one) -> names of the nodes that
+    treadle cannot import. Nodes holding subgraphs (If, Loop, Scan) are unsupported."""
+    import treadle.graph.ops  # noqa: F401  (registers every op family)
+    found: dict[str, list[str]] = defaultdict(list)
+    for index, node in enumerate(graph.node):
+        if node.domain not in DEFAULT_DOMAINS:
+            found[f"{node.domain}.{node.op_type}"].append(node_name(node, index))
+        elif (node.op_type not in REGISTRY and node.op_type not in IMPORTED_DIRECTLY
+              or any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS)
+                     for a in node.attribute)):
+            found[node.op_type].append(node_name(node, index))
+    return dict(found)
+
+
+def check_supported(graph: onnx.GraphProto) -> None:
+    found = unsupported_nodes(graph)
+    if found:
+        raise UnsupportedOpError("the model uses operators treadle does not support: " +
+                                 "; ".join(f"{op} ({_list_names(names)})"
+                                           for op, names in sorted(found.items())))
+
+
+def _list_names(names: list[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:NAMES_SHOWN])
+    more = len(names) - NAMES_SHOWN
+    label = "node" if len(names) == 1 else "nodes"
+    return f"{label} {shown}" + (f" and {more} more" if more > 0 else "")
+
+
+def check_structure(graph: onnx.GraphProto) -> None:
+    """Graph inputs and outputs have ranks, every tensor is defined once, before it is
+    read; errors name the node and tensor."""
+    constants = {t.name for t in graph.initializer}
+    for role, infos in (("input", graph.input), ("output", graph.output)):
+        for info in infos:
+            if (info.name not in constants and info.type.WhichOneof("value") == "tensor_type"
+                    and not info.type.tensor_type.HasField("shape")):
+                raise ModelError(f"graph {role} {info.name!r} has no shape (unknown rank); "
+                                 "ONNX requires the rank of graph inputs and outputs")
+    defined = constants | {t.name for t in graph.input}
+    for index, node in enumerate(graph.node):
+        where = f"node {node_name(node, index)!r} ({node.op_type})"
+        for name in node.input:
+            if name and name not in defined:
+                raise ModelError(f"{where} reads tensor {name!r}, which is not a graph input, "
+                                 "an initializer or the output of an earlier node")
+        for name in node.output:
+            if name in defined:
+                raise ModelError(f"{where} defines tensor {name!r}, which is already defined")
+            if name:
+                defined.add(name)
+    for output in graph.output:
+        if output.name not in defined:
+            raise ModelError(f"graph output {output.name!r} is not defined by any node, input "
+                             "or initializer")
+
+
+def _check_with_onnx(proto: onnx.ModelProto) -> None:
+    # The checker serialises the model; beyond protobuf's 2 GiB limit it needs a file path.
+    if proto.ByteSize() >= onnx.checker.MAXIMUM_PROTOBUF:
+        return
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as err:
+        message = " ".join(str(err).split())
+        raise ModelError(f"the model is not valid ONNX: {message}") from None
+
+
+# ---- building ----------------------------------------------------------------------------
+
+def _build(graph: onnx.GraphProto, name: str) -> Graph:
+    env: dict[str, Tensor] = {}
+    if graph.sparse_initializer:
+        raise UnsupportedOpError(f"sparse initializer {graph.sparse_initializer[0].values.name!r}"
+                                 " is not supported")
+    for init in graph.initializer:
+        env[init.name] = _constant(init.name, init)
+    inputs = []
+    taken = _dim_params(graph)
+    for info in graph.input:
+        if info.name not in env:  # an input that is also an initializer is a constant
+            env[info.name] = _input_tensor(info, taken)
+            inputs.append(env[info.name])
+    for index, node in enumerate(graph.node):
+        for out_name, tensor in zip(node.output, _import_node(node, index, env)):
+            if out_name:
+                env[out_name] = tensor
+    return Graph.from_outputs(inputs, [env[o.name] for o in graph.output], name)
+
+
+def _import_node(node: onnx.NodeProto, index: int, env: dict[str, Tensor]) -> list[Tensor]:
+    name = node_name(node, index)
+    if node.op_type == "Constant":
+        return [_constant_node(node, name)]
+    attrs = {a.name: _attribute(a, name, node.op_type) for a in node.attribute}
+    inputs = [env[t] if t else None for t in node.input]
+    return apply(node.op_type, inputs, attrs, name=name, output_names=list(node.output))
+
+
+def _attribute(attr: AttributeProto, node: str, op_type: str):
+    decode = ATTRIBUTE_DECODERS.get(attr.type)
+    if decode is None:
+        kind = AttributeProto.AttributeType.Name(attr.type)
+        raise UnsupportedOpError(f"node {node!r} ({op_type}): attribute {attr.name!r} of type "
+                                 f"{kind} is not supported")
+    return decode(attr)
+
+
+def _constant_node(node: onnx.NodeProto, name: str) -> Tensor:
+    if len(node.attribute) != 1:
+        raise ModelError(f"node {name!r} (Constant) must have exactly one value attribute, "
+                         f"has {[a.name for a in node.attribute]}")
+    attr, output = node.attribute[0], node.output[0]
+    if attr.name == "value":
+        return _constant(output, attr.t)
+    if attr.name not in CONSTANT_VALUES:
+        raise UnsupportedOpError(f"node {name!r} (Constant): attribute {attr.name!r} is not "
+                                 "supported")
+    value = np.asarray(_attribute(attr, name, "Constant"), CONSTANT_VALUES[attr.name])
+    return Tensor(output, dtypes.dtype_of(value.dtype), value.shape, value)
+
+
+def _constant(name: str, proto: onnx.TensorProto) -> Tensor:
+    dtype = _dtype(proto.data_type, f"tensor {name!r}")
+    try:
+        array = numpy_helper.to_array(proto)
+    except (ValueError, TypeError, OSError) as err:
+        raise ModelError(f"tensor {name!r} cannot be read: {err}") from None
+    if dtype == dtypes.bfloat16:
+        array = array.view(np.uint16)  # treadle holds bfloat16 as its raw bits
+    return Tensor(name, dtype, array.shape, array)
+
+
+def _dtype(code: int, what: str) -> DataType:
+    if code not in ONNX_DTYPES:
+        known = code in onnx.TensorProto.DataType.values()
+        kind = onnx.TensorProto.DataType.Name(code) if known else str(code)
+        raise UnsupportedOpError(f"{what} has ONNX data type {kind}, which treadle does not "
+                                 "support")
+    return ONNX_DTYPES[code]
+
+
+def _dim_params(graph: onnx.GraphProto) -> set[str]:
+    return {d.dim_param for info in graph.input
+            for d in info.type.tensor_type.shape.dim if d.dim_param}
+
+
+def _input_tensor(info: onnx.ValueInfoProto, taken: set[str]) -> Tensor:
+    kind = info.type.WhichOneof("value")
+    if kind != "tensor_type":
+        raise UnsupportedOpError(f"graph input {info.name!r} is a {kind or 'value of no type'}; "
+                                 "only tensor inputs are supported")
+    tensor_type = info.type.tensor_type
+    dtype = _dtype(tensor_type.elem_type, f"graph input {info.name!r}")
+    shape = [_dim(d, info.name, axis, taken) for axis, d in enumerate(tensor_type.shape.dim)]
+    return Tensor(info.name, dtype, shape)
+
+
+def _dim(dim, input_name: str, axis: int, taken: set[str]) -> int | str:
+    """A fixed size, a named symbol, or for an unknown size a fresh symbol named after the
+    input and axis."""
+    if dim.HasField("dim_value") and dim.dim_value >= 0:
+        return dim.dim_value
+    if dim.dim_param:
+        return dim.dim_param
+    fresh = f"{input_name}_dim{axis}"
+    while fresh in taken:
+        fresh += "_"
+    taken.add(fresh)
+    return fresh

@@ -1,0 +1,527 @@
+"""Neural-network operators: softmax, normalisations, matmul, convolution and pooling.
+
+Every op is a compute definition built from reductions and element-wise maps. Softmax is a
+max and a sum reduction with the output an element-wise map over both (the scheduler
+materialises the reductions and inlines the rest); a normalisation is a sum, a sum of
+squared deviations from it, and a map. MatMul, Gemm and Conv are plain sum reductions
+here; fast templates replace their schedules, not their definitions.
+
+Convolution and pooling share one window geometry (``_window``): output sizes, padding
+from ``pads`` or ``auto_pad``, and which spatial dimensions a window can leave. Reads in
+such a dimension become ``select(inside, x[clamped], fill)``: the index is clamped, so
+even the branch not taken stays inside the buffer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from treadle.errors import DTypeError
+from treadle.graph.operator import OpContext, register
+from treadle.graph.ops.common import (broadcast_load, broadcast_shape, normalize_axis,
+                                      onnx_dtype, same_dtype)
+from treadle.graph.ops.reduce import (accumulator, arg_reduce, count, project, reduce_axes,
+                                      reduce_tensor)
+from treadle.graph.tensor import Dim, normalize_dim
+from treadle.ir import dtypes
+from treadle.ir.compute import Compute, compute, identity_of, reduce
+from treadle.ir.dtypes import DataType
+from treadle.ir.expr import (Buffer, Const, Expr, as_expr, call, cast, ceil_div, eq,
+                             logical_and, maximum, minimum, select)
+
+
+def _float_input(ctx: OpContext, i: int = 0) -> Buffer:
+    x = ctx.input(i)
+    if not x.dtype.is_float:
+        raise ctx.error(f"input {i} must be a float tensor, got {x.dtype}", DTypeError)
+    return x
+
+
+def _rank_at_least(ctx: OpContext, x: Buffer, rank: int, what: str) -> None:
+    if x.rank < rank:
+        raise ctx.error(f"{what} must have rank {rank} or more, got shape "
+                        f"{[str(d) for d in x.shape]}")
+
+
+def _per_channel(ctx: OpContext, i: int, channels: Expr) -> Buffer:
+    """Input ``i``, a vector with one value per channel."""
+    b = ctx.input(i)
+    if b.rank != 1:
+        raise ctx.error(f"input {i} must have shape [{channels}], got "
+                        f"{[str(d) for d in b.shape]}")
+    _same_size(ctx, b.shape[0], channels, f"input {i} needs one value per channel")
+    return b
+
+
+def _broadcasts_to(ctx: OpContext, i: int, shape: Sequence[Expr]) -> Buffer:
+    """Input ``i``, which must broadcast to ``shape`` without growing it."""
+    b = ctx.input(i)
+    if broadcast_shape(ctx, shape, b.shape) != broadcast_shape(ctx, shape):
+        raise ctx.error(f"input {i} of shape {[str(d) for d in b.shape]} does not broadcast "
+                        f"to {[str(d) for d in shape]}")
+    return b
+
+
+def _c(value, dtype: DataType) -> Const:
+    return Const(value, dtype)
+
+
+# ---- softmax family -----------------------------------------------------------------------
+
+def _softmax(ctx: OpContext, log: bool):
+    x = _float_input(ctx)
+    axes = [normalize_axis(ctx, int(ctx.attr("axis", -1)), x.rank)]
+    work = accumulator(x.dtype)
+    high = reduce_axes("max", x.shape, axes, True, lambda j: cast(x[j], work), "max")
+
+    def shifted(i):
+        return cast(x[i], work) - high[project(i, axes, True)]
+    total = reduce_axes("sum", x.shape, axes, True, lambda j: call("exp", shifted(j)), "sum")
+
+    def element(*i):
+        s = total[project(i, axes, True)]
+        return shifted(i) - call("log", s) if log else call("exp", shifted(i)) / s
+    return [compute("logsoftmax" if log else "softmax", x.shape, element, x.dtype)]
+
+
+register("Softmax")(lambda ctx: _softmax(ctx, log=False))
+register("LogSoftmax")(lambda ctx: _softmax(ctx, log=True))
+
+
+@register("Hardmax")
+def hardmax(ctx: OpContext):
+    x = ctx.input(0)
+    axis = normalize_axis(ctx, int(ctx.attr("axis", -1)), x.rank)
+    first = arg_reduce(x, axis, True, largest=True, last=False)
+    return [compute("hardmax", x.shape, lambda *i: select(
+        eq(i[axis], first[project(i, [axis], True)]), _c(1, x.dtype), _c(0, x.dtype)))]
+
+
+@register("LpNormalization")
+def lp_normalization(ctx: OpContext):
+    x = _float_input(ctx)
+    axes = [normalize_axis(ctx, int(ctx.attr("axis", -1)), x.rank)]
+    p = int(ctx.attr("p", 2))
+    if p not in (1, 2):
+        raise ctx.error(f"p must be 1 or 2, got {p}")
+    norm = reduce_tensor("ReduceL1" if p == 1 else "ReduceL2", x, axes, True)
+    return [compute("lpnorm", x.shape, lambda *i: x[i] / norm[project(i, axes, True)])]
+
+
+# ---- normalisations -----------------------------------------------------------------------
+
+def _moments(x: Buffer, axes: Sequence[int], epsilon: float, work: DataType):
+    """Mean and 1/sqrt(variance + epsilon) over ``axes`` (keepdims shapes), the variance
+    from squared deviations so large means cost no precision."""
+    n = cast(count(x.shape, axes), work)
+    total = reduce_axes("sum", x.shape, axes, True, lambda j: cast(x[j], work), "sum")
+    mean = compute("mean", total.shape, lambda *i: total[i] / n)
+
+    def deviation(j):
+        d = cast(x[j], work) - mean[project(j, axes, True)]
+        return d * d
+    squares = reduce_axes("squares", x.shape, axes, True, deviation, "sum")
+    inv_std = compute("inv_std", squares.shape, lambda *i: _c(1.0, work) / call(
+        "sqrt", squares[i] / n + _c(epsilon, work)))
+    return mean, inv_std
+
+
+@register("LayerNormalization")
+def layer_normalization(ctx: OpContext):
+    x = _float_input(ctx)
+    scale = _broadcasts_to(ctx, 1, x.shape)
+    bias = _broadcasts_to(ctx, 2, x.shape) if ctx.has_input(2) else None
+    axis = normalize_axis(ctx, int(ctx.attr("axis", -1)), x.rank)
+    axes = list(range(axis, x.rank))
+    work = onnx_dtype(ctx, int(ctx.attr("stash_type", 1)))
+    if not work.is_float:
+        raise ctx.error(f"stash_type must be a float type, got {work}")
+    mean, inv_std = _moments(x, axes, float(ctx.attr("epsilon", 1e-5)), work)
+
+    def element(*i):
+        p = project(i, axes, True)
+        y = (cast(x[i], work) - mean[p]) * inv_std[p] * cast(broadcast_load(scale, i), work)
+        return y + cast(broadcast_load(bias, i), work) if bias is not None else y
+    outputs = [compute("layernorm", x.shape, element, x.dtype)]
+    # The optional outputs Mean and InvStdDev: stash type, reduced axes kept as 1.
+    extras = [("mean", mean), ("inv_std_dev", inv_std)][:ctx.num_outputs - 1]
+    return outputs + [compute(name, c.shape, lambda *i, c=c: c[i]) for name, c in extras]
+
+
+@register("InstanceNormalization")
+def instance_normalization(ctx: OpContext):
+    x = _float_input(ctx)
+    _rank_at_least(ctx, x, 3, "input 0")
+    scale, bias = _per_channel(ctx, 1, x.shape[1]), _per_channel(ctx, 2, x.shape[1])
+    axes = list(range(2, x.rank))
+    work = accumulator(x.dtype)
+    mean, inv_std = _moments(x, axes, float(ctx.attr("epsilon", 1e-5)), work)
+
+    def element(*i):
+        p = project(i, axes, True)
+        y = (cast(x[i], work) - mean[p]) * inv_std[p]
+        return y * cast(scale[i[1]], work) + cast(bias[i[1]], work)
+    return [compute("instancenorm", x.shape, element, x.dtype)]
+
+
+@register("BatchNormalization")
+def batch_normalization(ctx: OpContext):
+    if ctx.attr("training_mode", 0):
+        raise ctx.unsupported("training_mode=1 (only inference is supported)")
+    if ctx.num_outputs > 1:
+        raise ctx.unsupported("running mean and variance outputs exist only in training mode")
+    x = _float_input(ctx)
+    _rank_at_least(ctx, x, 2, "input 0")
+    scale, bias, mean, var = (_per_channel(ctx, k, x.shape[1]) for k in range(1, 5))
+    epsilon, work = float(ctx.attr("epsilon", 1e-5)), accumulator(x.dtype)
+
+    def element(*i):
+        def param(b):
+            return cast(b[i[1]], work)
+        factor = param(scale) / call("sqrt", param(var) + _c(epsilon, work))
+        return (cast(x[i], work) - param(mean)) * factor + param(bias)
+    return [compute("batchnorm", x.shape, element, x.dtype)]
+
+
+@register("Dropout")
+def dropout(ctx: OpContext):
+    """Inference: the identity, and an all-true mask when one is asked for."""
+    if ctx.has_input(2):
+        training = ctx.data(2)
+        if training is None or training.any():
+            raise ctx.unsupported("training_mode must be a constant false (only inference "
+                                  "is supported)")
+    x = ctx.input(0)
+    outputs = [compute("dropout", x.shape, lambda *i: x[i])]
+    if ctx.num_outputs > 1:
+        outputs.append(compute("mask", x.shape, lambda *i: Const(True, dtypes.boolean)))
+    return outputs
+
+
+@register("LRN")
+def lrn(ctx: OpContext):
+    """x / (bias + alpha / size * sum of x² over the ``size`` nearest channels)^beta."""
+    x = _float_input(ctx)
+    _rank_at_least(ctx, x, 2, "input 0")
+    size = int(ctx.required_attr("size"))
+    if size < 1:
+        raise ctx.error(f"size must be positive, got {size}")
+    alpha, beta = float(ctx.attr("alpha", 1e-4)), float(ctx.attr("beta", 0.75))
+    bias, work, channels = float(ctx.attr("bias", 1.0)), accumulator(x.dtype), x.shape[1]
+
+    def square(n, c, *rest):
+        *spatial, r = rest
+        ch = c - (size - 1) // 2 + r
+        inside = logical_and(ch >= 0, ch < channels)
+        v = cast(x[(n, minimum(maximum(ch, 0), channels - 1), *spatial)], work)
+        return select(inside, v * v, _c(0.0, work))
+    squares = reduce("lrn_squares", x.shape, [size], square)
+    return [compute("lrn", x.shape, lambda *i: cast(x[i], work) / call(
+        "pow", _c(bias, work) + _c(alpha / size, work) * squares[i], _c(beta, work)), x.dtype)]
+
+
+# ---- matrix products ----------------------------------------------------------------------
+
+def _same_size(ctx: OpContext, a: Expr, b: Expr, what: str) -> Expr:
+    """Two sizes that must agree: an error when both are known, else a run-time check."""
+    a, b = normalize_dim(a), normalize_dim(b)
+    if isinstance(a, int) and isinstance(b, int):
+        if a != b:
+            raise ctx.error(f"{what}: {a} != {b}")
+        return as_expr(a)
+    if a != b:
+        ctx.require(eq(as_expr(a), as_expr(b)), f"{what} ({a} vs {b})")
+    return as_expr(a if isinstance(a, int) else b)
+
+
+def _finish(ctx: OpContext, product: Compute, dtype: DataType, epilogue=None) -> Compute:
+    """The accumulated product as the output: itself, or a map rounding it (and adding
+    ``epilogue(index, value)``) to ``dtype``."""
+    if epilogue is None and product.dtype == dtype:
+        return product
+    step = epilogue or (lambda i, v: v)
+    return compute(ctx.op_type.lower(), product.shape, lambda *i: step(i, product[i]), dtype)
+
+
+def _batch_index(b: Buffer, batch: Sequence[Expr]) -> tuple[Expr, ...]:
+    """Index of ``b``'s leading (batch) dimensions under broadcasting to ``batch``."""
+    dims = b.shape[:-2]
+    offset = len(batch) - len(dims)
+    return tuple(as_expr(0) if normalize_dim(d) == 1 else batch[offset + k]
+                 for k, d in enumerate(dims))
+
+
+@register("MatMul")
+def matmul(ctx: OpContext):
+    """numpy.matmul: a 1-D operand is a row (left) or column (right) vector that the
+    result drops; leading dimensions broadcast."""
+    a, b = ctx.input(0), ctx.input(1)
+    dtype = same_dtype(ctx, a, b)
+    if a.rank == 0 or b.rank == 0:
+        raise ctx.error("operands must have rank 1 or more")
+    k = _same_size(ctx, a.shape[-1], b.shape[0] if b.rank == 1 else b.shape[-2],
+                   "inner dimensions differ")
+    batch = broadcast_shape(ctx, a.shape[:-2], b.shape[:-2])
+    rows, cols = a.rank > 1, b.rank > 1
+    shape = [*batch, *([a.shape[-2]] if rows else []), *([b.shape[-1]] if cols else [])]
+    acc, nb = accumulator(dtype), len(batch)
+
+    def element(*idx):
+        out, r = idx[:-1], idx[-1]
+        left = a[(*_batch_index(a, out[:nb]), out[nb], r)] if rows else a[r]
+        right = b[(*_batch_index(b, out[:nb]), r, out[-1])] if cols else b[r]
+        return cast(left, acc) * cast(right, acc)
+    return [_finish(ctx, reduce("matmul", shape, [k], element), dtype)]
+
+
+@register("Gemm")
+def gemm(ctx: OpContext):
+    """alpha * A' B' + beta * C, with A' and B' optionally transposed and C broadcast."""
+    a, b = ctx.input(0), ctx.input(1)
+    dtype = same_dtype(ctx, a, b)
+    if a.rank != 2 or b.rank != 2:
+        raise ctx.error(f"A and B must be matrices, got ranks {a.rank} and {b.rank}")
+    trans_a, trans_b = bool(ctx.attr("transA", 0)), bool(ctx.attr("transB", 0))
+    alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
+    m, ka = a.shape[::-1] if trans_a else a.shape
+    kb, n = b.shape[::-1] if trans_b else b.shape
+    k = _same_size(ctx, ka, kb, "inner dimensions differ")
+    acc = accumulator(dtype)
+
+    def element(i, j, r):
+        left = a[r, i] if trans_a else a[i, r]
+        right = b[j, r] if trans_b else b[r, j]
+        return cast(left, acc) * cast(right, acc)
+    product = reduce("gemm", [m, n], [k], element)
+    c = _broadcasts_to(ctx, 2, [m, n]) if ctx.has_input(2) else None
+    if c is None and alpha == 1:
+        return [_finish(ctx, product, dtype)]
+
+    def epilogue(i, v):
+        v = v if alpha == 1 else v * _c(alpha, acc)
+        return v if c is None else v + _c(beta, acc) * cast(broadcast_load(c, i), acc)
+    return [_finish(ctx, product, dtype, epilogue)]
+
+
+# ---- windows: convolution and pooling -----------------------------------------------------
+
+@dataclass(frozen=True)
+class Window:
+    """Where each window of a convolution or pooling lies along the spatial dimensions:
+    output position o reads input positions o * stride - begin + k * dilation."""
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    begin: tuple[Dim, ...]     # padding before the input
+    end: tuple[Dim, ...]       # padding after it
+    out: tuple[Dim, ...]
+    sizes: tuple[Expr, ...]    # the input's spatial sizes
+    leaves: tuple[bool, ...]   # whether some window reaches outside the input
+
+    def positions(self, out: Sequence[Expr], taps: Sequence[Expr]) -> list[Expr]:
+        return [o * s - b + k * d for o, k, s, b, d in
+                zip(out, taps, self.strides, self.begin, self.dilations)]
+
+    def inside(self, positions: Sequence[Expr]) -> Expr | None:
+        """Whether every position lies in the input; None when that always holds."""
+        conds = []
+        for p, n, leaves in zip(positions, self.sizes, self.leaves):
+            if leaves:
+                conds += [p >= 0, p < n]
+        return logical_and(*conds) if conds else None
+
+    def load(self, x: Buffer, lead: Sequence[Expr], positions: Sequence[Expr], fill: Expr):
+        """x[lead, positions], or ``fill`` where a position is outside the input."""
+        index = [minimum(maximum(p, 0), n - 1) if leaves else p
+                 for p, n, leaves in zip(positions, self.sizes, self.leaves)]
+        value = x[(*lead, *index)]
+        inside = self.inside(positions)
+        return value if inside is None else select(inside, value, fill)
+
+
+def _ints(ctx: OpContext, key: str, count_: int, default: int, low: int = 1) -> tuple[int, ...]:
+    values = ctx.attr(key)
+    values = [default] * count_ if values is None else [int(v) for v in values]
+    if len(values) != count_ or any(v < low for v in values):
+        raise ctx.error(f"{key} must be {count_} integers of at least {low}, got {values}")
+    return tuple(values)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _dim_max0(value) -> Dim:
+    value = normalize_dim(value)
+    return max(value, 0) if isinstance(value, int) else normalize_dim(maximum(value, 0))
+
+
+def _window(ctx: OpContext, sizes: Sequence[Expr], kernel: Sequence[int],
+            ceil_mode: bool = False) -> Window:
+    n = len(sizes)
+    strides = _ints(ctx, "strides", n, 1)
+    dilations = _ints(ctx, "dilations", n, 1)
+    pads = _ints(ctx, "pads", 2 * n, 0, low=0)
+    auto_pad = _text(ctx.attr("auto_pad", "NOTSET"))
+    if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        raise ctx.error(f"auto_pad {auto_pad!r} is not one of NOTSET, SAME_UPPER, "
+                        "SAME_LOWER, VALID")
+    sizes = [normalize_dim(d) for d in sizes]
+    begin, end, out, leaves = [], [], [], []
+    for d, (size, k, s, dil) in enumerate(zip(sizes, kernel, strides, dilations)):
+        span = dil * (k - 1) + 1
+        if auto_pad.startswith("SAME"):
+            b, e, o = _same_padding(size, span, s, auto_pad == "SAME_UPPER")
+        else:
+            b, e = (pads[d], pads[d + n]) if auto_pad == "NOTSET" else (0, 0)
+            o = _output_size(ctx, d, size, span, s, b, e, ceil_mode)
+        last = normalize_dim((o - 1) * s - b + span - 1)  # the last position read
+        if all(isinstance(v, int) for v in (b, last, size)):
+            leaves.append(b > 0 or last >= size)
+        else:  # without padding, the output size keeps windows inside unless ceil_mode
+            leaves.append(not (b == 0 and e == 0 and not ceil_mode))
+        begin.append(b)
+        end.append(e)
+        out.append(o)
+    return Window(tuple(kernel), strides, dilations, tuple(begin), tuple(end), tuple(out),
+                  tuple(as_expr(s) for s in sizes), tuple(leaves))
+
+
+def _same_padding(size: Dim, span: int, stride: int, upper: bool) -> tuple[Dim, Dim, Dim]:
+    """(begin, end, output size) for SAME_UPPER / SAME_LOWER: ceil(size / stride) outputs,
+    the odd padding element at the end (upper) or the beginning (lower)."""
+    out = normalize_dim(ceil_div(size, stride))
+    total = _dim_max0((out - 1) * stride + span - size)
+    begin = normalize_dim(total // 2 if upper else (total + 1) // 2)
+    return begin, normalize_dim(total - begin), out
+
+
+def _output_size(ctx: OpContext, d: int, size: Dim, span: int, stride: int, begin: int,
+                 end: int, ceil_mode: bool) -> Dim:
+    room = normalize_dim(size + begin + end - span)
+    if isinstance(room, int) and room < 0:
+        raise ctx.error(f"the window ({span} wide) is larger than the padded input "
+                        f"({size + begin + end}) along spatial axis {d}")
+    if not ceil_mode:
+        return normalize_dim(room // stride + 1)
+    return _drop_window_in_padding(ctx, normalize_dim(ceil_div(room, stride) + 1), stride,
+                                   size, begin)
+
+
+def _drop_window_in_padding(ctx: OpContext, out: Dim, stride: int, size: Dim, begin: int) -> Dim:
+    """With ceil_mode a last window that would start in the end padding is dropped."""
+    start = normalize_dim((out - 1) * stride)
+    limit = normalize_dim(size + begin)
+    if isinstance(start, int) and isinstance(limit, int):
+        return out - 1 if start >= limit else out
+    raise ctx.unsupported("ceil_mode with a symbolic spatial size")
+
+
+def _spatial_input(ctx: OpContext, float_only: bool = True) -> Buffer:
+    x = _float_input(ctx) if float_only else ctx.input(0)
+    _rank_at_least(ctx, x, 3, "input 0 (N x C x spatial...)")
+    return x
+
+
+@register("Conv")
+def conv(ctx: OpContext):
+    x, w = _spatial_input(ctx), ctx.input(1)
+    dtype = same_dtype(ctx, x, w)
+    nsp = x.rank - 2
+    if w.rank != x.rank:
+        raise ctx.error(f"weight rank {w.rank} differs from input rank {x.rank}")
+    fixed = [normalize_dim(d) for d in w.shape]
+    if not all(isinstance(d, int) for d in fixed):
+        raise ctx.unsupported(f"weight shape {[str(d) for d in w.shape]} must be static")
+    m, group_channels, kernel = fixed[0], fixed[1], tuple(fixed[2:])
+    if ctx.attr("kernel_shape") is not None and _ints(ctx, "kernel_shape", nsp, 1) != kernel:
+        raise ctx.error(f"kernel_shape {list(ctx.attr('kernel_shape'))} differs from the "
+                        f"weight's spatial shape {list(kernel)}")
+    group = int(ctx.attr("group", 1))
+    if group < 1 or m % group:
+        raise ctx.error(f"group {group} must be positive and divide the {m} output channels")
+    _same_size(ctx, x.shape[1], group_channels * group,
+               f"input channels must be group ({group}) x weight channels ({group_channels})")
+    win = _window(ctx, x.shape[2:], kernel)
+    acc, per_group = accumulator(dtype), m // group
+
+    def element(n, oc, *rest):
+        out, (c, *taps) = rest[:nsp], rest[nsp:]
+        channel = c if group == 1 else oc // per_group * group_channels + c
+        value = win.load(x, (n, channel), win.positions(out, taps), _c(0, dtype))
+        return cast(value, acc) * cast(w[(oc, c, *taps)], acc)
+    product = reduce("conv", [x.shape[0], m, *win.out], [group_channels, *kernel], element)
+    if not ctx.has_input(2):
+        return [_finish(ctx, product, dtype)]
+    bias = _per_channel(ctx, 2, as_expr(m))
+    return [_finish(ctx, product, dtype, lambda i, v: v + cast(bias[i[1]], acc))]
+
+
+def _pool_window(ctx: OpContext, x: Buffer) -> Window:
+    ctx.required_attr("kernel_shape")
+    return _window(ctx, x.shape[2:], _ints(ctx, "kernel_shape", x.rank - 2, 1),
+                   bool(ctx.attr("ceil_mode", 0)))
+
+
+@register("MaxPool")
+def max_pool(ctx: OpContext):
+    if ctx.num_outputs > 1:
+        raise ctx.unsupported("the Indices output is not supported")
+    x = _spatial_input(ctx, float_only=False)  # MaxPool also takes 8-bit integers
+    if x.dtype.is_bool:
+        raise ctx.error(f"input 0 must be numeric, got {x.dtype}", DTypeError)
+    win = _pool_window(ctx, x)
+    lowest = identity_of("max", x.dtype)
+
+    def element(n, c, *rest):
+        out, taps = rest[:x.rank - 2], rest[x.rank - 2:]
+        return win.load(x, (n, c), win.positions(out, taps), lowest)
+    return [reduce("maxpool", [*x.shape[:2], *win.out], win.kernel, element, "max")]
+
+
+@register("AveragePool")
+def average_pool(ctx: OpContext):
+    """The window sum over the number of positions counted: those inside the input, or
+    with count_include_pad those inside the padded input. The count is a product of one
+    small per-dimension count, since the condition holds per dimension."""
+    x = _spatial_input(ctx)
+    win, nsp = _pool_window(ctx, x), x.rank - 2
+    work = accumulator(x.dtype)
+    padded = bool(ctx.attr("count_include_pad", 0))
+
+    def element(n, c, *rest):
+        out, taps = rest[:nsp], rest[nsp:]
+        return cast(win.load(x, (n, c), win.positions(out, taps), _c(0, x.dtype)), work)
+    total = reduce("avgpool_sum", [*x.shape[:2], *win.out], win.kernel, element)
+    counts = [_window_count(win, d, padded, work) for d in range(nsp)]
+
+    def average(*i):
+        divisor = _c(1.0, work)
+        for d, cnt in enumerate(counts):
+            divisor = divisor * (_c(float(win.kernel[d]), work) if cnt is None else cnt[i[2 + d]])
+        return total[i] / divisor
+    return [compute("avgpool", total.shape, average, x.dtype)]
+
+
+def _window_count(win: Window, d: int, padded: bool, work: DataType) -> Compute | None:
+    """Per output position along spatial dimension d, how many taps are counted; None
+    where every window lies inside the input."""
+    if not win.leaves[d]:
+        return None
+    low, high = (-win.begin[d], win.sizes[d] + win.end[d]) if padded else (0, win.sizes[d])
+
+    def counted(o, k):
+        p = o * win.strides[d] - win.begin[d] + k * win.dilations[d]
+        return select(logical_and(p >= low, p < high), _c(1.0, work), _c(0.0, work))
+    return reduce(f"count{d}", [win.out[d]], [win.kernel[d]], counted)
+
+
+def _global_pool(op: str):
+    def define(ctx: OpContext):
+        x = _spatial_input(ctx)
+        return [reduce_tensor(op, x, list(range(2, x.rank)), True)]
+    return define
+
+
+register("GlobalAveragePool")(_global_pool("ReduceMean"))
+register("GlobalMaxPool")(_global_pool("ReduceMax"))

@@ -1,0 +1,743 @@
+"""Data-movement operators: reshapes, layout changes, joins and splits, slicing, indexing,
+padding and resizing.
+
+Nearly every output element is an input element read at an index computed from the
+output index, or a choice between such reads, so these ops are injective; CumSum and the
+Scatter ops are reductions over the elements they search. The reshape-like ones (Reshape,
+Flatten, Squeeze, Unsqueeze) are registered as views: the executor runs them as zero-copy
+reinterpretations of contiguous memory, and their compute definitions serve shape
+inference and compile-time values.
+
+Sizes may be symbolic. Where ONNX wraps a negative position or clamps one against a
+dimension, a concrete dimension is handled in Python and a symbolic one with select and
+min/max expressions, simplified knowing that a symbol is a dimension, so non-negative.
+Indices read from tensors at run time are wrapped when negative and clamped into range,
+so a bad index can never read outside a buffer.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from fractions import Fraction
+from typing import Optional, Sequence
+
+import numpy as np
+
+from treadle.errors import DTypeError
+from treadle.graph.operator import OpContext, register
+from treadle.graph.ops.common import (broadcast_load, broadcast_shape, normalize_axes,
+                                      normalize_axis, same_dtype)
+from treadle.graph.tensor import Dim, num_elements
+from treadle.ir import dtypes
+from treadle.ir.compute import combine, compute, identity_of, reduce
+from treadle.ir.expr import (Binary, Const, Expr, as_expr, call, cast, eq, logical_and,
+                             maximum, minimum, select)
+from treadle.ir.functor import free_vars
+from treadle.ir.mapping import unravel
+from treadle.ir.simplify import Interval, simplify_expr
+
+INT64_MAX = 2 ** 63 - 1
+DIM_RANGE = Interval(0, INT64_MAX)
+
+
+# ---- sizes that may be symbolic ---------------------------------------------------------
+def simplify_dim(value) -> Dim:
+    """An int, or an expression simplified knowing every symbol is a dimension (>= 0)."""
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    expr = as_expr(value)
+    expr = simplify_expr(expr, {v: DIM_RANGE for v in free_vars(expr)})
+    return expr.value if isinstance(expr, Const) else expr
+
+
+def _min(a: Dim, b: Dim) -> Dim:
+    return min(a, b) if isinstance(a, int) and isinstance(b, int) else simplify_dim(minimum(a, b))
+
+
+def _max(a: Dim, b: Dim) -> Dim:
+    return max(a, b) if isinstance(a, int) and isinstance(b, int) else simplify_dim(maximum(a, b))
+
+
+def _clamp(value: Dim, low: Dim, high: Dim) -> Dim:
+    """numpy.clip's order, which gives ``high`` when low > high (an empty dimension)."""
+    return _min(_max(value, low), high)
+
+
+def _wrap(value: Dim, dim: Dim) -> Dim:
+    """ONNX's negative positions count from the end."""
+    if isinstance(value, int):
+        return simplify_dim(value + dim) if value < 0 else value
+    return simplify_dim(select(value < 0, value + dim, value))
+
+
+def _factors(d: Dim) -> tuple[int, Counter]:
+    """d as an integer coefficient times a multiset of symbolic factors."""
+    if isinstance(d, int):
+        return d, Counter()
+    if isinstance(d, Const):
+        return d.value, Counter()
+    if isinstance(d, Binary) and d.op == "*":
+        (ka, fa), (kb, fb) = _factors(d.a), _factors(d.b)
+        return ka * kb, fa + fb
+    return 1, Counter({d: 1})
+
+
+def _require_equal(ctx: OpContext, a: Dim, b: Dim, what: str) -> None:
+    """A shape error when two concrete sizes differ; a run-time check when either is
+    symbolic and they are not the same product of factors."""
+    a, b = simplify_dim(a), simplify_dim(b)
+    if isinstance(a, int) and isinstance(b, int):
+        if a != b:
+            raise ctx.error(f"{what}: {a} vs {b}")
+    elif _factors(a) != _factors(b):
+        ctx.require(eq(a, b), f"{what}: {a} vs {b}")
+
+
+def _divide(ctx: OpContext, total: Dim, part: Dim, what: str) -> Dim:
+    """total / part, exact: common symbolic factors cancel (batch*seq*768 / (batch*seq) is
+    768); otherwise the quotient is an expression and the remainder is checked at run time."""
+    if isinstance(total, int) and isinstance(part, int):
+        if part == 0 or total % part:
+            raise ctx.error(f"{what}: {total} elements do not divide by {part}")
+        return total // part
+    (kt, ft), (kp, fp) = _factors(total), _factors(part)
+    if kp and kt % kp == 0 and not fp - ft:
+        quotient: Expr = as_expr(kt // kp)
+        for factor in (ft - fp).elements():
+            quotient = quotient * factor
+        return simplify_dim(quotient)
+    ctx.require(eq(as_expr(total) % part, 0), f"{what}: {total} must divide by {part}")
+    return simplify_dim(as_expr(total) // part)
+
+
+def _dims(ctx: OpContext, i: int) -> list[Dim]:
+    ctx.input(i)
+    return list(ctx.tensors[i].shape)
+
+
+def known_ints(ctx: OpContext, i: int, what: str) -> list[int]:
+    """The contents of input i, which must be known and concrete when compiling."""
+    values = ctx.known(i, what)
+    if not all(isinstance(v, int) for v in values):
+        raise ctx.unsupported(f"{what} must be concrete, got {[str(v) for v in values]}")
+    return values
+
+
+def known_scalar(ctx: OpContext, i: int, what: str) -> Dim:
+    values = ctx.known(i, what)
+    if len(values) != 1:
+        raise ctx.error(f"{what} must be a single value, got {len(values)}")
+    return values[0]
+
+
+def _axes(ctx: OpContext, i: int, rank: int) -> Optional[list[int]]:
+    """Axes from input i (opset 13 on) or the older ``axes`` attribute; None if neither."""
+    if ctx.has_input(i):
+        return normalize_axes(ctx, known_ints(ctx, i, "axes"), rank)
+    if ctx.attr("axes") is not None:
+        return normalize_axes(ctx, ctx.attr("axes"), rank)
+    return None
+
+
+def ravel(index: Sequence[Expr], shape: Sequence) -> Expr:
+    flat = as_expr(0)
+    for i, d in zip(index, shape):
+        flat = flat * d + i
+    return flat
+
+
+def _index(value: Expr, dim) -> Expr:
+    """A position read at run time as an index: negative counts from the end, and it is
+    clamped into [0, dim) so that no bad value can read outside the buffer."""
+    value = cast(value, dtypes.index_type)
+    value = select(value < 0, value + dim, value)
+    return minimum(maximum(value, 0), as_expr(dim) - 1)
+
+
+# ---- views: contiguous reinterpretations ----------------------------------------------
+def _reinterpret(x, shape: Sequence[Dim]):
+    """x's elements in row-major order, read as a tensor of ``shape``."""
+    def element(*i):
+        if not x.shape:
+            return x[()]
+        return x[unravel(ravel(i, shape), x.shape)]
+    return compute("y", shape, element)
+
+
+@register("Reshape", view=True)
+def reshape(ctx: OpContext):
+    x, in_shape = ctx.input(0), _dims(ctx, 0)
+    target = ctx.known(1, "the target shape")
+    dims = []
+    for k, d in enumerate(target):
+        if isinstance(d, int) and d == 0 and not ctx.attr("allowzero", 0):
+            if k >= len(in_shape):
+                raise ctx.error(f"target {target} copies dimension {k} of a rank-"
+                                f"{len(in_shape)} input")
+            d = in_shape[k]
+        elif isinstance(d, int) and d < -1:
+            raise ctx.error(f"invalid target dimension {d}")
+        dims.append(d)
+    unknown = [k for k, d in enumerate(dims) if isinstance(d, int) and d == -1]
+    if len(unknown) > 1:
+        raise ctx.error(f"target {target} has more than one -1")
+    total = num_elements(in_shape)
+    if unknown:
+        rest = num_elements([d for k, d in enumerate(dims) if k != unknown[0]])
+        dims[unknown[0]] = _divide(ctx, total, rest,
+                                   f"reshape of {_fmt(in_shape)} to {_fmt(target)}")
+    else:
+        _require_equal(ctx, total, num_elements(dims),
+                       f"reshape of {_fmt(in_shape)} to {_fmt(target)} changes the element count")
+    return [_reinterpret(x, dims)]
+
+
+@register("Flatten", view=True)
+def flatten(ctx: OpContext):
+    x, shape = ctx.input(0), _dims(ctx, 0)
+    axis = ctx.attr("axis", 1)
+    if not -len(shape) <= axis <= len(shape):
+        raise ctx.error(f"axis {axis} is out of range for rank {len(shape)}")
+    axis += len(shape) if axis < 0 else 0
+    return [_reinterpret(x, (num_elements(shape[:axis]), num_elements(shape[axis:])))]
+
+
+@register("Squeeze", view=True)
+def squeeze(ctx: OpContext):
+    x, shape = ctx.input(0), _dims(ctx, 0)
+    axes = _axes(ctx, 1, len(shape))
+    if axes is None:
+        symbolic = [str(d) for d in shape if not isinstance(d, int)]
+        if symbolic:
+            raise ctx.unsupported(f"Squeeze without axes of symbolic dimensions {symbolic}: "
+                                  "whether they are 1 is known only at run time")
+        axes = [k for k, d in enumerate(shape) if d == 1]
+    for a in axes:
+        _require_equal(ctx, shape[a], 1, f"squeezed dimension {a} is not 1")
+
+    def element(*i):
+        it = iter(i)
+        return x[tuple(as_expr(0) if k in axes else next(it) for k in range(len(shape)))]
+    return [compute("y", [d for k, d in enumerate(shape) if k not in axes], element)]
+
+
+@register("Unsqueeze", view=True)
+def unsqueeze(ctx: OpContext):
+    x, shape = ctx.input(0), _dims(ctx, 0)
+    given = known_ints(ctx, 1, "axes") if ctx.has_input(1) else ctx.attr("axes")
+    if given is None:
+        raise ctx.error("axes are required")
+    rank = len(shape) + len(given)
+    axes = normalize_axes(ctx, given, rank)
+    it = iter(shape)
+    out = [1 if k in axes else next(it) for k in range(rank)]
+    return [compute("y", out, lambda *i: x[tuple(v for k, v in enumerate(i) if k not in axes)])]
+
+
+# ---- layout -----------------------------------------------------------------------------
+@register("Transpose")
+def transpose(ctx: OpContext):
+    x, shape = ctx.input(0), _dims(ctx, 0)
+    perm = list(ctx.attr("perm") or reversed(range(len(shape))))
+    if sorted(perm) != list(range(len(shape))):
+        raise ctx.error(f"perm {perm} is not a permutation of the {len(shape)} axes")
+
+    def element(*i):
+        index = [None] * len(perm)
+        for k, p in enumerate(perm):
+            index[p] = i[k]
+        return x[tuple(index)]
+    return [compute("y", [shape[p] for p in perm], element)]
+
+
+def _image(ctx: OpContext) -> tuple:
+    x, shape = ctx.input(0), _dims(ctx, 0)
+    if len(shape) != 4:
+        raise ctx.error(f"needs a 4-D NCHW input, got rank {len(shape)}")
+    b = ctx.required_attr("blocksize")
+    if b < 1:
+        raise ctx.error(f"blocksize {b} must be positive")
+    return x, shape, b
+
+
+@register("DepthToSpace")
+def depth_to_space(ctx: OpContext):
+    x, (n, c, h, w), b = _image(ctx)
+    mode = ctx.attr("mode", "DCR")
+    if mode not in ("DCR", "CRD"):
+        raise ctx.error(f"unknown mode {mode!r}")
+    channels = _divide(ctx, c, b * b, "channels by blocksize squared")
+
+    def element(i, k, y, z):
+        block = (y % b) * b + z % b
+        depth = block * channels + k if mode == "DCR" else k * (b * b) + block
+        return x[i, depth, y // b, z // b]
+    out = [n, channels, simplify_dim(as_expr(h) * b), simplify_dim(as_expr(w) * b)]
+    return [compute("y", out, element)]
+
+
+@register("SpaceToDepth")
+def space_to_depth(ctx: OpContext):
+    x, (n, c, h, w), b = _image(ctx)
+    height = _divide(ctx, h, b, "height by blocksize")
+    width = _divide(ctx, w, b, "width by blocksize")
+
+    def element(i, k, y, z):
+        block = k // c
+        return x[i, k % c, y * b + block // b, z * b + block % b]
+    return [compute("y", [n, simplify_dim(as_expr(c) * (b * b)), height, width], element)]
+
+
+# ---- joins, splits, slices --------------------------------------------------------------
+@register("Concat")
+def concat(ctx: OpContext):
+    ids = [k for k in range(ctx.num_inputs) if ctx.has_input(k)]
+    xs = [ctx.input(k) for k in ids]
+    same_dtype(ctx, *xs)
+    shapes = [_dims(ctx, k) for k in ids]
+    rank = len(shapes[0])
+    axis = normalize_axis(ctx, ctx.required_attr("axis"), rank)
+    offsets: list[Dim] = [0]
+    for k, s in zip(ids, shapes):
+        if len(s) != rank:
+            raise ctx.error(f"input {k} has rank {len(s)}, input {ids[0]} has rank {rank}")
+        for a in range(rank):
+            if a != axis:
+                _require_equal(ctx, s[a], shapes[0][a],
+                               f"dimension {a} of input {k} differs from input {ids[0]}'s")
+        offsets.append(simplify_dim(as_expr(offsets[-1]) + s[axis]))
+
+    def element(*i):
+        def part(k):
+            return xs[k][(*i[:axis], i[axis] - offsets[k], *i[axis + 1:])]
+        value = part(len(xs) - 1)
+        for k in reversed(range(len(xs) - 1)):
+            value = select(i[axis] < offsets[k + 1], part(k), value)
+        return value
+    shape = list(shapes[0])
+    shape[axis] = offsets[-1]
+    return [compute("y", shape, element)]
+
+
+@register("Split")
+def split(ctx: OpContext):
+    x, shape = ctx.input(0), _dims(ctx, 0)
+    axis = normalize_axis(ctx, ctx.attr("axis", 0), len(shape))
+    dim = shape[axis]
+    if ctx.has_input(1) or ctx.attr("split") is not None:
+        sizes = ctx.known(1, "split sizes") if ctx.has_input(1) else list(ctx.attr("split"))
+        _require_equal(ctx, _sum(sizes), dim, "the split sizes' sum differs from the dimension")
+    else:
+        count = ctx.attr("num_outputs", ctx.num_outputs)
+        if count < 1:
+            raise ctx.error(f"num_outputs {count} must be positive")
+        chunk = simplify_dim((as_expr(dim) + (count - 1)) // count)
+        sizes = [chunk] * (count - 1) + [simplify_dim(as_expr(dim) - as_expr(chunk) * (count - 1))]
+        if isinstance(sizes[-1], int) and sizes[-1] < 0:
+            raise ctx.error(f"dimension {dim} cannot be split into {count} outputs")
+    outputs, offset = [], 0
+    for size in sizes:
+        outputs.append(_window(x, shape, axis, offset, size))
+        offset = simplify_dim(as_expr(offset) + size)
+    return outputs
+
+
+def _sum(values: Sequence[Dim]) -> Dim:
+    total: Dim = 0
+    for v in values:
+        total = simplify_dim(as_expr(total) + v)
+    return total
+
+
+def _window(x, shape, axis: int, offset: Dim, size: Dim):
+    out = list(shape)
+    out[axis] = size
+    return compute("y", out, lambda *i: x[(*i[:axis], i[axis] + offset, *i[axis + 1:])])
+
+
+@register("Slice")
+def slice_op(ctx: OpContext):
+    x, shape = ctx.input(0), _dims(ctx, 0)
+    starts, ends = ctx.known(1, "starts"), ctx.known(2, "ends")
+    axes = (normalize_axes(ctx, known_ints(ctx, 3, "axes"), len(shape)) if ctx.has_input(3)
+            else list(range(len(starts))))
+    steps = known_ints(ctx, 4, "steps") if ctx.has_input(4) else [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ctx.error(f"starts, ends, axes and steps have lengths {len(starts)}, "
+                        f"{len(ends)}, {len(axes)} and {len(steps)}")
+    begin: list[Dim] = [0] * len(shape)
+    stride = [1] * len(shape)
+    out = list(shape)
+    for a, start, end, step in zip(axes, starts, ends, steps):
+        if step == 0:
+            raise ctx.error(f"step of axis {a} is 0")
+        d = shape[a]
+        start, end = _wrap(start, d), _wrap(end, d)
+        if step > 0:
+            start, end = _clamp(start, 0, d), _clamp(end, 0, d)
+            count = (as_expr(end) - start + (step - 1)) // step
+        else:
+            last = simplify_dim(as_expr(d) - 1)
+            start, end = _clamp(start, 0, last), _clamp(end, -1, last)
+            count = (as_expr(start) - end + (-step - 1)) // -step
+        begin[a], stride[a] = start, step
+        # C's division rounds toward zero, so an empty range gives 0 or less: clamp at 0.
+        out[a] = _max(simplify_dim(count), 0)
+
+    def element(*i):
+        return x[tuple(as_expr(b) + v * s for b, v, s in zip(begin, i, stride))]
+    return [compute("y", out, element)]
+
+
+@register("Tile")
+def tile(ctx: OpContext):
+    x, shape = ctx.input(0), _dims(ctx, 0)
+    repeats = ctx.known(1, "repeats")
+    if len(repeats) != len(shape):
+        raise ctx.error(f"{len(repeats)} repeats for a rank-{len(shape)} input")
+    out = [simplify_dim(as_expr(d) * r) for d, r in zip(shape, repeats)]
+    return [compute("y", out, lambda *i: x[tuple(
+        as_expr(0) if d == 1 else v % d for v, d in zip(i, shape))])]
+
+
+@register("Expand")
+def expand(ctx: OpContext):
+    x = ctx.input(0)
+    shape = broadcast_shape(ctx, x.shape, ctx.known(1, "the target shape"))
+    return [compute("y", shape, lambda *i: broadcast_load(x, i))]
+
+
+# Pad: mode -> the input position read for an output position j (relative to the input,
+# possibly outside it) along a dimension d.
+PAD_MODES = {
+    "edge": lambda j, d: minimum(maximum(j, 0), as_expr(d) - 1),
+    "reflect": lambda j, d: select(j < 0, -j, select(j >= d, (as_expr(d) - 1) * 2 - j, j)),
+    "wrap": lambda j, d: (j % d + d) % d,
+}
+
+
+@register("Pad")
+def pad(ctx: OpContext):
+    x, shape = ctx.input(0), _dims(ctx, 0)
+    mode = ctx.attr("mode", "constant")
+    if mode != "constant" and mode not in PAD_MODES:
+        raise ctx.unsupported(f"mode {mode!r}")
+    pads = known_ints(ctx, 1, "pads")
+    axes = _axes(ctx, 3, len(shape))
+    axes = list(range(len(shape))) if axes is None else axes
+    if len(pads) != 2 * len(axes):
+        raise ctx.error(f"{len(pads)} pads for {len(axes)} axes")
+    before, after = [0] * len(shape), [0] * len(shape)
+    for k, a in enumerate(axes):
+        before[a], after[a] = pads[k], pads[k + len(axes)]
+    out = [simplify_dim(as_expr(d) + b + e) for d, b, e in zip(shape, before, after)]
+    if any(isinstance(d, int) and d < 0 for d in out):
+        raise ctx.error(f"pads {pads} crop {_fmt(shape)} below zero")
+    padded = [a for a in range(len(shape)) if before[a] > 0 or after[a] > 0]
+    for a in padded:
+        if mode == "reflect":
+            _require_at_most(ctx, max(before[a], after[a]), simplify_dim(as_expr(shape[a]) - 1),
+                             f"reflect padding of dimension {a}")
+        elif mode != "constant":
+            _require_at_most(ctx, 1, shape[a], f"{mode} padding of dimension {a}")
+
+    def element(*i):
+        j = [v - b for v, b in zip(i, before)]
+        if mode != "constant":
+            return x[tuple(PAD_MODES[mode](j[a], shape[a]) if a in padded else j[a]
+                           for a in range(len(shape)))]
+        inside = [c for a in padded for c in (j[a] >= 0, j[a] < shape[a])]
+        if not inside:
+            return x[tuple(j)]
+        return select(logical_and(*inside), x[tuple(j)], _pad_value(ctx, x.dtype))
+    return [compute("y", out, element)]
+
+
+def _pad_value(ctx: OpContext, dtype) -> Expr:
+    if not ctx.has_input(2):
+        return Const(0, dtype)
+    value = ctx.input(2)
+    return cast(value[(0,) * value.rank], dtype)
+
+
+def _require_at_most(ctx: OpContext, a: Dim, b: Dim, what: str) -> None:
+    if isinstance(a, int) and isinstance(b, int):
+        if a > b:
+            raise ctx.error(f"{what}: {a} exceeds {b}")
+    else:
+        ctx.require(as_expr(a) <= b, f"{what}: {a} must not exceed {b}")
+
+
+# ---- indexing ---------------------------------------------------------------------------
+def _integer_input(ctx: OpContext, i: int, what: str):
+    buffer = ctx.input(i)
+    if not buffer.dtype.is_integer:
+        raise DTypeError(f"{ctx.where}: {what} must be integers, got {buffer.dtype}")
+    return buffer
+
+
+@register("Gather")
+def gather(ctx: OpContext):
+    data, shape = ctx.input(0), _dims(ctx, 0)
+    indices = _integer_input(ctx, 1, "indices")
+    axis = normalize_axis(ctx, ctx.attr("axis", 0), len(shape))
+    q = indices.rank
+
+    def element(*i):
+        k = _index(indices[i[axis:axis + q]], shape[axis])
+        return data[(*i[:axis], k, *i[axis + q:])]
+    out = shape[:axis] + _dims(ctx, 1) + shape[axis + 1:]
+    return [compute("y", out, element)]
+
+
+@register("GatherElements")
+def gather_elements(ctx: OpContext):
+    data, shape = ctx.input(0), _dims(ctx, 0)
+    indices, index_shape = _integer_input(ctx, 1, "indices"), _dims(ctx, 1)
+    if len(index_shape) != len(shape):
+        raise ctx.error(f"indices have rank {len(index_shape)}, data rank {len(shape)}")
+    axis = normalize_axis(ctx, ctx.attr("axis", 0), len(shape))
+    for a in range(len(shape)):
+        if a != axis:
+            _require_at_most(ctx, index_shape[a], shape[a], f"indices' dimension {a}")
+
+    def element(*i):
+        return data[(*i[:axis], _index(indices[i], shape[axis]), *i[axis + 1:])]
+    return [compute("y", index_shape, element)]
+
+
+@register("OneHot")
+def one_hot(ctx: OpContext):
+    indices, shape = ctx.input(0), _dims(ctx, 0)
+    if ctx.tensors[1].dtype.is_integer:
+        depth = known_scalar(ctx, 1, "depth")
+    elif ctx.data(1) is not None and ctx.data(1).size == 1:
+        depth = int(ctx.data(1).reshape(-1)[0])
+    else:
+        raise ctx.unsupported("depth (input 1) must be known when compiling")
+    values = ctx.input(2)
+    if tuple(_dims(ctx, 2)) != (2,):
+        raise ctx.error(f"values must hold [off, on], got shape {_fmt(_dims(ctx, 2))}")
+    axis = normalize_axis(ctx, ctx.attr("axis", -1), len(shape) + 1)
+
+    def element(*i):
+        # Compared in the indices' type, so a non-integral float index matches nothing.
+        k = indices[i[:axis] + i[axis + 1:]]
+        k = cast(k, dtypes.index_type) if k.dtype.is_integer else k
+        k = select(k < Const(0, k.dtype), k + cast(as_expr(depth), k.dtype), k)
+        return select(eq(k, cast(i[axis], k.dtype)), values[1], values[0])
+    return [compute("y", shape[:axis] + [depth] + shape[axis:], element)]
+
+
+@register("Trilu")
+def trilu(ctx: OpContext):
+    x, shape = ctx.input(0), _dims(ctx, 0)
+    if len(shape) < 2:
+        raise ctx.error(f"needs rank 2 or more, got {len(shape)}")
+    k = known_scalar(ctx, 1, "k") if ctx.has_input(1) else 0
+    upper = ctx.attr("upper", 1)
+
+    def element(*i):
+        diagonal = i[-1] - i[-2]
+        keep = diagonal >= k if upper else diagonal <= k
+        return select(keep, x[i], Const(0, x.dtype))
+    return [compute("y", shape, element)]
+
+
+@register("CumSum")
+def cumsum(ctx: OpContext):
+    x, shape = ctx.input(0), _dims(ctx, 0)
+    axis = normalize_axis(ctx, known_scalar(ctx, 1, "axis"), len(shape))
+    exclusive, backward = ctx.attr("exclusive", 0), ctx.attr("reverse", 0)
+
+    def element(*index):
+        i, r = index[:-1], index[-1]
+        if backward:
+            included = r > i[axis] if exclusive else r >= i[axis]
+        else:
+            included = r < i[axis] if exclusive else r <= i[axis]
+        return select(included, x[(*i[:axis], r, *i[axis + 1:])], Const(0, x.dtype))
+    return [reduce("y", shape, [shape[axis]], element, "sum")]
+
+
+# Scatter: out[i] is data[i], replaced by (reduction "none") or combined with every update
+# aimed at i. Each output element searches the updates: a reduction over them finds the
+# last match, or combines the matches, so duplicates and misses need no special case.
+SCATTER_REDUCTIONS = {"none": None, "add": "sum", "mul": "prod", "max": "max", "min": "min"}
+
+
+def _scatter(ctx: OpContext, count: Dim, hits, update):
+    """``hits(i, r)``: whether update r (of ``count``) targets output index i;
+    ``update(i, r)``: its value there."""
+    data, shape = ctx.input(0), _dims(ctx, 0)
+    same_dtype(ctx, data, ctx.input(2))
+    kind = ctx.attr("reduction", "none")
+    if kind not in SCATTER_REDUCTIONS:
+        raise ctx.unsupported(f"reduction {kind!r}")
+    op = SCATTER_REDUCTIONS[kind]
+    if op is None:
+        last = reduce("last", shape, [count], lambda *ir: select(hits(ir[:-1], ir[-1]), ir[-1],
+                                                                 as_expr(-1)), "max")
+        return [compute("y", shape, lambda *i: select(
+            last[i] >= 0, update(i, last[i]), data[i]))]
+    combined = reduce("combined", shape, [count], lambda *ir: select(
+        hits(ir[:-1], ir[-1]), update(ir[:-1], ir[-1]), identity_of(op, data.dtype)), op)
+    return [compute("y", shape, lambda *i: combine(op, data[i], combined[i]))]
+
+
+@register("ScatterElements")
+def scatter_elements(ctx: OpContext):
+    shape = _dims(ctx, 0)
+    indices, index_shape = _integer_input(ctx, 1, "indices"), _dims(ctx, 1)
+    updates = ctx.input(2)
+    if len(index_shape) != len(shape) or _dims(ctx, 2) != index_shape:
+        raise ctx.error(f"indices {_fmt(index_shape)} and updates {_fmt(_dims(ctx, 2))} must "
+                        f"have one shape of the data's rank {len(shape)}")
+    axis = normalize_axis(ctx, ctx.attr("axis", 0), len(shape))
+
+    def at(i, r):
+        return (*i[:axis], r, *i[axis + 1:])
+
+    def hits(i, r):
+        inside = [i[a] < index_shape[a] for a in range(len(shape)) if a != axis]
+        k = cast(indices[at(i, r)], dtypes.index_type)
+        return logical_and(*inside, eq(select(k < 0, k + shape[axis], k), i[axis]))
+    return _scatter(ctx, index_shape[axis], hits, lambda i, r: updates[at(i, r)])
+
+
+@register("ScatterND")
+def scatter_nd(ctx: OpContext):
+    shape = _dims(ctx, 0)
+    indices, index_shape = _integer_input(ctx, 1, "indices"), _dims(ctx, 1)
+    updates = ctx.input(2)
+    depth = index_shape[-1] if index_shape else None
+    if not isinstance(depth, int) or not 1 <= depth <= len(shape):
+        raise ctx.error(f"indices' last dimension {depth} must be a constant from 1 to "
+                        f"the data's rank {len(shape)}")
+    batch = index_shape[:-1]
+    if _dims(ctx, 2) != batch + shape[depth:]:
+        raise ctx.error(f"updates have shape {_fmt(_dims(ctx, 2))}, expected "
+                        f"{_fmt(batch + shape[depth:])}")
+
+    def where(r) -> tuple:
+        return unravel(r, batch) if batch else ()
+
+    def hits(i, r):
+        loads = [cast(indices[(*where(r), j)], dtypes.index_type) for j in range(depth)]
+        return logical_and(*(eq(select(k < 0, k + shape[j], k), i[j])
+                             for j, k in enumerate(loads)))
+    return _scatter(ctx, num_elements(batch), hits, lambda i, r: updates[(*where(r), *i[depth:])])
+
+
+# ---- Resize -----------------------------------------------------------------------------
+# Position in the input of output position x along an axis (ONNX's coordinate
+# transformation modes), in float32 as ONNX Runtime computes it: scale is out/in as given
+# or implied by the sizes, n_in and n_out the lengths.
+COORDINATES = {
+    "half_pixel": lambda x, scale, n_in, n_out: (x + 0.5) / scale - 0.5,
+    "pytorch_half_pixel": lambda x, scale, n_in, n_out: select(
+        n_out > 1.0, (x + 0.5) / scale - 0.5, Const(0.0, dtypes.float32)),
+    "asymmetric": lambda x, scale, n_in, n_out: x / scale,
+    "align_corners": lambda x, scale, n_in, n_out: select(
+        eq(n_out, 1.0), Const(0.0, dtypes.float32), x * (n_in - 1.0) / (n_out - 1.0)),
+}
+
+# Nearest mode: rounding of a float32 position to an index.
+NEAREST = {
+    "round_prefer_floor": lambda x: call("ceil", x - 0.5),
+    "round_prefer_ceil": lambda x: call("floor", x + 0.5),
+    "floor": lambda x: call("floor", x),
+    "ceil": lambda x: call("ceil", x),
+}
+
+
+@register("Resize")
+def resize(ctx: OpContext):
+    x, shape = ctx.input(0), _dims(ctx, 0)
+    mode = ctx.attr("mode", "nearest")
+    transform = ctx.attr("coordinate_transformation_mode", "half_pixel")
+    nearest = ctx.attr("nearest_mode", "round_prefer_floor")
+    if mode not in ("nearest", "linear"):
+        raise ctx.unsupported(f"mode {mode!r}")
+    if transform not in COORDINATES:
+        raise ctx.unsupported(f"coordinate_transformation_mode {transform!r}")
+    if mode == "nearest" and nearest not in NEAREST:
+        raise ctx.unsupported(f"nearest_mode {nearest!r}")
+    if mode == "linear" and not x.dtype.is_float:
+        raise ctx.unsupported(f"linear resizing of {x.dtype}")
+    if ctx.attr("antialias", 0) or ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise ctx.unsupported("antialias and keep_aspect_ratio_policy")
+    out, scales = _resize_sizes(ctx, shape)
+    f32 = dtypes.float32
+    # An axis that keeps its length at scale 1 maps each position to itself.
+    moved = [a for a in range(len(shape)) if not (out[a] == shape[a] and scales[a] in (1, None))]
+
+    def source(a: int, v: Expr) -> Expr:
+        n_in, n_out = cast(as_expr(shape[a]), f32), cast(as_expr(out[a]), f32)
+        scale = n_out / n_in if scales[a] is None else Const(scales[a], f32)
+        return COORDINATES[transform](cast(v, f32), scale, n_in, n_out)
+
+    def last(a: int) -> Expr:
+        return as_expr(shape[a]) - 1
+
+    def nearest_element(*i):
+        index = list(i)
+        for a in moved:
+            k = cast(NEAREST[nearest](source(a, i[a])), dtypes.index_type)
+            index[a] = minimum(maximum(k, 0), last(a))
+        return x[tuple(index)]
+
+    def linear_element(*i):
+        # Each moved axis blends the two neighbours of the (clamped) source position.
+        terms = [(list(i), None)]
+        for a in moved:
+            pos = minimum(maximum(source(a, i[a]), 0.0), cast(last(a), f32))
+            low = cast(call("floor", pos), dtypes.index_type)
+            high = minimum(low + 1, last(a))
+            r = cast(pos - call("floor", pos), x.dtype)
+            terms = [(index[:a] + [k] + index[a + 1:], _times(weight, w))
+                     for index, weight in terms
+                     for k, w in ((low, Const(1.0, x.dtype) - r), (high, r))]
+        value = None
+        for index, weight in terms:
+            term = x[tuple(index)] if weight is None else weight * x[tuple(index)]
+            value = term if value is None else value + term
+        return value
+    return [compute("y", out, nearest_element if mode == "nearest" else linear_element)]
+
+
+def _times(a: Optional[Expr], b: Expr) -> Expr:
+    return b if a is None else a * b
+
+
+def _resize_sizes(ctx: OpContext, shape: list[Dim]) -> tuple[list[Dim], list[Optional[float]]]:
+    """Output sizes, and the float32 scale of each axis where scales were given (None
+    where the scale follows from sizes)."""
+    rank = len(shape)
+    axes = normalize_axes(ctx, ctx.attr("axes"), rank) if ctx.attr("axes") else list(range(rank))
+    out, scales = list(shape), [1.0] * rank
+    if ctx.has_input(3):
+        sizes = ctx.known(3, "sizes")
+        if len(sizes) != len(axes):
+            raise ctx.error(f"{len(sizes)} sizes for {len(axes)} axes")
+        for a, size in zip(axes, sizes):
+            out[a], scales[a] = size, None
+        return out, scales
+    given = ctx.data(2) if ctx.has_input(2) else None
+    if ctx.has_input(2) and given is None:
+        raise ctx.unsupported("scales (input 2) must be constant")
+    if given is None or given.size == 0:
+        raise ctx.error("needs scales or sizes")
+    if given.size != len(axes):
+        raise ctx.error(f"{given.size} scales for {len(axes)} axes")
+    for a, scale in zip(axes, given.astype(np.float32).reshape(-1)):
+        if scale <= 0:
+            raise ctx.error(f"scale {scale} of axis {a} must be positive")
+        # floor(d * scale) exactly: the float32 scale is a binary fraction.
+        ratio = Fraction(float(scale))
+        out[a] = simplify_dim(as_expr(shape[a]) * ratio.numerator // ratio.denominator)
+        scales[a] = float(scale)
+    return out, scales
+
+
+def _fmt(shape: Sequence) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"

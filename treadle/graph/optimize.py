@@ -1,0 +1,23 @@
+"""The graph pass pipeline, dumped step by step under TREADLE_DUMP (graph/NN_<pass>.txt).
+
+Order: canonical forms first (Gemm becomes MatMul with a constant transposed weight,
+BatchNorm folds into convolution weights), then constant folding computes those new
+constants, then dead-code elimination drops what folding made unused.
+"""
+from __future__ import annotations
+
+from treadle.dump import dump_text
+from treadle.graph.graph import Graph
+from treadle.graph.passes.canonicalize import canonicalize
+from treadle.graph.passes.eliminate_dead_code import eliminate_dead_code
+from treadle.graph.passes.fold_constants import fold_constants
+
+PIPELINE = (canonicalize, fold_constants, eliminate_dead_code)
+
+
+def optimize(graph: Graph) -> Graph:
+    dump_text(("graph", "00_input.txt"), str(graph))
+    for step, graph_pass in enumerate(PIPELINE, start=1):
+        graph = graph_pass(graph)
+        dump_text(("graph", f"{step:02d}_{graph_pass.__name__}.txt"), str(graph))
+    return graph

@@ -1,0 +1,1 @@
+"""Graph passes, one per module; the pipeline that orders them is treadle.graph.optimize."""

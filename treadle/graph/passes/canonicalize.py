@@ -1,0 +1,113 @@
+"""Canonical forms that later stages rely on, as a table of rules keyed by op type:
+
+* identities disappear: Identity, inference Dropout, reshapes to the same shape, casts to
+  the same dtype;
+* Gemm becomes Transpose / MatMul / Mul / Add, so the matmul template and fusion see a
+  plain MatMul and an element-wise epilogue;
+* BatchNormalization after a convolution with constant weights is folded into them;
+  elsewhere it becomes a per-channel multiply-add.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from treadle.graph.graph import Graph
+from treadle.graph.operator import Operator, apply
+from treadle.graph.rewrite import consumers, rewrite_graph
+from treadle.graph.tensor import Tensor, constant
+
+Rule = Callable[[Operator, list, dict], Optional[Sequence[Tensor]]]
+
+
+def canonicalize(graph: Graph) -> Graph:
+    readers = consumers(graph)
+
+    def rule(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
+        handler = RULES.get(node.op_type)
+        return None if handler is None else handler(node, inputs, readers)
+    return rewrite_graph(graph, rule)
+
+
+def _forward(node: Operator, inputs: list, readers) -> Optional[Sequence[Tensor]]:
+    if len(node.outputs) != 1:
+        return None
+    return [inputs[0]]
+
+
+def _same_shape(node: Operator, inputs: list, readers) -> Optional[Sequence[Tensor]]:
+    if node.outputs[0].shape == inputs[0].shape:
+        return [inputs[0]]
+    return None
+
+
+def _same_dtype(node: Operator, inputs: list, readers) -> Optional[Sequence[Tensor]]:
+    if node.outputs[0].dtype == inputs[0].dtype:
+        return [inputs[0]]
+    return None
+
+
+def _gemm(node: Operator, inputs: list, readers) -> Optional[Sequence[Tensor]]:
+    a, b = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    attrs = node.attrs
+    name = node.name
+    if attrs.get("transA", 0):
+        a = apply("Transpose", [a], {"perm": [1, 0]}, f"{name}/transpose_a")[0]
+    if attrs.get("transB", 0):
+        b = apply("Transpose", [b], {"perm": [1, 0]}, f"{name}/transpose_b")[0]
+    y = apply("MatMul", [a, b], {}, f"{name}/matmul")[0]
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    if alpha != 1.0:
+        y = apply("Mul", [y, constant(np.float32(alpha), f"{name}/alpha", y.dtype)], {},
+                  f"{name}/scale")[0]
+    if bias is not None and beta != 0.0:
+        if beta != 1.0:
+            bias = apply("Mul", [bias, constant(np.float32(beta), f"{name}/beta", bias.dtype)],
+                         {}, f"{name}/scale_bias")[0]
+        y = apply("Add", [y, bias], {}, f"{name}/bias")[0]
+    return [y]
+
+
+def _batch_norm(node: Operator, inputs: list, readers) -> Optional[Sequence[Tensor]]:
+    x, scale, bias, mean, var = inputs[:5]
+    if node.attrs.get("training_mode", 0) or len(node.outputs) != 1:
+        return None
+    if not all(t.is_constant for t in (scale, bias, mean, var)):
+        return None
+    eps = float(node.attrs.get("epsilon", 1e-5))
+    factor = (scale.data.astype(np.float64) / np.sqrt(var.data.astype(np.float64) + eps))
+    shift = bias.data.astype(np.float64) - mean.data * factor
+    conv = x.producer
+    if (conv is not None and conv.op_type == "Conv" and conv.inputs[1].is_constant
+            and len(readers.get(id(node.inputs[0]), [])) == 1):
+        return [_fold_into_conv(conv, factor, shift, x.dtype)]
+    channel_shape = (-1,) + (1,) * (x.rank - 2)
+    k = constant(factor.astype(np.float32).reshape(channel_shape), f"{node.name}/factor", x.dtype)
+    s = constant(shift.astype(np.float32).reshape(channel_shape), f"{node.name}/shift", x.dtype)
+    y = apply("Mul", [x, k], {}, f"{node.name}/mul")[0]
+    return [apply("Add", [y, s], {}, f"{node.name}/add")[0]]
+
+
+def _fold_into_conv(conv: Operator, factor, shift, dtype) -> Tensor:
+    weight = conv.inputs[1].data
+    bias = conv.inputs[2].data if len(conv.inputs) > 2 and conv.inputs[2] is not None else 0.0
+    new_weight = weight * factor.reshape((-1,) + (1,) * (weight.ndim - 1))
+    new_bias = bias * factor + shift
+    inputs = [conv.inputs[0], constant(new_weight.astype(weight.dtype), f"{conv.name}/w_bn", dtype),
+              constant(new_bias.astype(weight.dtype), f"{conv.name}/b_bn", dtype)]
+    return apply("Conv", inputs, conv.attrs, conv.name)[0]
+
+
+RULES: dict[str, Rule] = {
+    "Identity": _forward,
+    "Dropout": _forward,
+    "Reshape": _same_shape,
+    "Flatten": _same_shape,
+    "Squeeze": _same_shape,
+    "Unsqueeze": _same_shape,
+    "Cast": _same_dtype,
+    "Gemm": _gemm,
+    "BatchNormalization": _batch_norm,
+}

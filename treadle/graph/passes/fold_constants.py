@@ -1,0 +1,55 @@
+"""Replace operators whose inputs are all constants by their (computed) outputs.
+
+Small integer results are often known already (``Tensor.value``, derived from the
+compute definition), even when their inputs are not constants, as for the shape of an
+input; anything else is computed by compiling and running the operator itself, so folding uses the same single definition of each operator as inference does.
+Results larger than ``MAX_FOLD_BYTES`` stay computed at run time rather than bloat the
+model.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from treadle.graph.graph import Graph
+from treadle.graph.operator import Operator
+from treadle.graph.rewrite import reapply, rewrite_graph
+from treadle.graph.tensor import Tensor
+
+MAX_FOLD_BYTES = 256 << 20
+
+
+def fold_constants(graph: Graph) -> Graph:
+    return rewrite_graph(graph, _fold)
+
+
+def _fold(node: Operator, inputs: list[Optional[Tensor]]) -> Optional[Sequence[Tensor]]:
+    outputs = reapply(node, inputs)
+    if all(_known_ints(t) for t in outputs):
+        # Known element by element (shape arithmetic), whatever the inputs are.
+        arrays = [np.array(t.value, t.dtype.numpy).reshape(t.shape) for t in outputs]
+    elif (_all_constant(inputs) and all(t.is_static for t in outputs)
+          and _bytes(outputs) <= MAX_FOLD_BYTES):
+        arrays = _run(outputs)
+    else:
+        return None
+    return [Tensor(t.name, t.dtype, t.shape, data) for t, data in zip(outputs, arrays)]
+
+
+def _known_ints(t: Tensor) -> bool:
+    return t.is_static and t.value is not None and all(isinstance(v, int) for v in t.value)
+
+
+def _all_constant(inputs: Sequence[Optional[Tensor]]) -> bool:
+    present = [t for t in inputs if t is not None]
+    return bool(present) and all(t.is_constant for t in present)
+
+
+def _bytes(tensors: Sequence[Tensor]) -> int:
+    return sum(int(np.prod(t.shape)) * t.dtype.numpy.itemsize for t in tensors)
+
+
+def _run(outputs: Sequence[Tensor]) -> list[np.ndarray]:
+    from treadle.compiler import compile_graph
+    return compile_graph(Graph.from_outputs([], list(outputs), "fold"), optimize_graph=False)()

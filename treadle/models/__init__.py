@@ -1,0 +1,30 @@
+"""A model zoo for tests, benchmarks and the demo: five standard networks with random weights.
+
+``export_onnx(name, path)`` writes one as an ONNX file and returns a ``ModelSpec`` (input
+names, shapes and dtypes, and a maker of random inputs). Each model has size knobs and a
+``reduced`` variant small enough for CI. Nothing is downloaded: the CNNs are plain
+``torch.nn`` (``cnn.py``) and the transformers are built from ``transformers`` configs
+(``transformer.py``). torch is an optional dependency of treadle, so it is imported only
+when a model is built.
+"""
+from __future__ import annotations
+
+import importlib
+
+from treadle.models.export import MODELS, InputSpec, ModelSpec, export_onnx
+
+_INSTALL = {
+    "torch": "pip install 'treadle[torch]'",
+    "transformers": "pip install 'treadle[torch]' transformers",
+}
+
+
+def require(module: str):
+    """Imports an optional dependency, or says how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise ImportError(f"treadle.models needs the optional package {module!r}: "
+                          f"{_INSTALL.get(module, f'pip install {module}')}") from error
+
+__all__ = ["MODELS", "InputSpec", "ModelSpec", "export_onnx", "require"]

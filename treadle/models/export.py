@@ -1,0 +1,207 @@
+"""Building a zoo model with fixed random weights and exporting it to ONNX.
+
+Weights come from the architectures' own initializers under a fixed seed, with two changes
+that make numerical checks meaningful: biases and normalization scales get random values
+(initializers leave them at 0 and 1, where a kernel that ignores them still looks right),
+and the CNNs' batch-norm statistics are measured on a batch of random images, so that
+activations keep unit scale through fifty layers instead of growing or vanishing.
+"""
+from __future__ import annotations
+
+import importlib
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional, Union
+
+import numpy as np
+
+SEED = 0
+OPSET = 17
+CALIBRATION_BATCH = 4
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One graph input. A ``str`` dimension is symbolic (an ONNX ``dim_param``). Float
+    inputs are drawn from a standard normal, integer inputs uniformly from [low, high]."""
+    name: str
+    shape: tuple[Union[int, str], ...]
+    dtype: str
+    low: int = 0
+    high: int = 0
+
+    def concrete_shape(self, dims: Mapping[str, int]) -> tuple[int, ...]:
+        missing = [d for d in self.shape if isinstance(d, str) and d not in dims]
+        if missing:
+            raise ValueError(f"input {self.name!r} has symbolic dimensions {missing}: "
+                             f"give their sizes")
+        return tuple(dims[d] if isinstance(d, str) else d for d in self.shape)
+
+    def random(self, gen: np.random.Generator, dims: Mapping[str, int]) -> np.ndarray:
+        shape = self.concrete_shape(dims)
+        if np.issubdtype(np.dtype(self.dtype), np.integer):
+            return gen.integers(self.low, self.high + 1, size=shape).astype(self.dtype)
+        return gen.standard_normal(shape).astype(self.dtype)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What ``export_onnx`` wrote: the file, its inputs and outputs, and the size each
+    symbolic dimension had at export (the default for ``random_inputs``)."""
+    name: str
+    path: Path
+    inputs: tuple[InputSpec, ...]
+    outputs: tuple[str, ...]
+    dims: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self.inputs]
+
+    def random_inputs(self, seed: int = SEED, **dims: int) -> dict[str, np.ndarray]:
+        """Random inputs keyed by name; ``dims`` sizes the symbolic dimensions."""
+        gen = np.random.default_rng(seed)
+        sizes = {**self.dims, **dims}
+        return {i.name: i.random(gen, sizes) for i in self.inputs}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A zoo entry: the builder ``family.builder`` (a module of treadle.models), its knobs
+    for the standard and the reduced model, and the image side or sequence length each
+    is exported at."""
+    family: str
+    builder: str
+    full: Mapping[str, object]
+    reduced: Mapping[str, object]
+    size: int
+    reduced_size: int
+
+
+MODELS: dict[str, Recipe] = {
+    "resnet50": Recipe("cnn", "resnet50", {}, dict(blocks=(2, 1, 1, 1), width=8,
+                                                    num_classes=10), 224, 64),
+    "inception_v3": Recipe("cnn", "inception_v3", {}, dict(blocks=(1, 1, 1), width=0.125,
+                                                            num_classes=10), 299, 75),
+    "mobilenet_v2": Recipe("cnn", "mobilenet_v2", {},
+                           dict(repeats=(1, 2, 1, 1, 1, 1, 1), width=0.5, last_channel=128,
+                                num_classes=10), 224, 64),
+    "bert": Recipe("transformer", "bert", {}, dict(layers=2, hidden=64, heads=4, vocab=1000,
+                                                   max_positions=64), 128, 16),
+    "gpt2": Recipe("transformer", "gpt2", {}, dict(layers=2, hidden=64, heads=4, vocab=1000,
+                                                   max_positions=64), 128, 16),
+}
+
+
+def export_onnx(name: str, path, *, reduced: bool = False, batch: int = 1,
+                dynamic_seq: bool = False) -> ModelSpec:
+    """Builds zoo model ``name`` (the full-size one, or the CI-sized one when ``reduced``)
+    and writes it to ``path`` as ONNX (opset 17). With ``dynamic_seq`` a transformer's
+    sequence axis is the symbolic dimension ``seq``."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; the zoo has {sorted(MODELS)}")
+    recipe = MODELS[name]
+    if dynamic_seq and recipe.family != "transformer":
+        raise ValueError(f"dynamic_seq applies to the transformer models, not {name!r}")
+    from treadle.models import require
+    torch = require("torch")
+    size = recipe.reduced_size if reduced else recipe.size
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer and deprecation chatter from the exporter
+        torch.manual_seed(SEED)
+        model = _build(recipe, reduced, size)
+        if recipe.family == "cnn":
+            image = InputSpec("image", (batch, 3, size, size), "float32")
+            spec = ModelSpec(name, path, (image,), ("logits",))
+        else:
+            spec = _token_spec(name, path, model, batch, size, dynamic_seq)
+        _write(model, spec)
+    return spec
+
+
+def _build(recipe: Recipe, reduced: bool, size: int):
+    """The model in eval mode, with the random parameters the module note describes."""
+    module = importlib.import_module(f"treadle.models.{recipe.family}")
+    model = getattr(module, recipe.builder)(**(recipe.reduced if reduced else recipe.full))
+    _randomize_affine(model)
+    if recipe.family == "cnn":
+        _calibrate_batch_norm(model, size)
+    return model.eval()
+
+
+def _write(model, spec: ModelSpec) -> None:
+    import torch
+    example = tuple(torch.from_numpy(a) for a in spec.random_inputs().values())
+    axes = _dynamic_axes(spec)
+    torch.onnx.export(
+        model, example, str(spec.path), dynamo=False, opset_version=OPSET,
+        input_names=spec.input_names, output_names=list(spec.outputs),
+        dynamic_axes=axes, export_params=True, do_constant_folding=True)
+    if axes:
+        shapes = {n: tuple(o.shape) for n, o in zip(spec.outputs, model(*example), strict=True)}
+        _declare_output_shapes(spec.path, shapes, axes)
+
+
+def _token_spec(name: str, path: Path, model, batch: int, seq: int,
+                dynamic_seq: bool) -> ModelSpec:
+    length = "seq" if dynamic_seq else seq
+    inputs = tuple(InputSpec(n, (batch, length), "int64", low, high)
+                   for n, (low, high) in model.input_ranges.items())
+    return ModelSpec(name, path, inputs, model.output_names,
+                     {"seq": seq} if dynamic_seq else {})
+
+
+def _dynamic_axes(spec: ModelSpec) -> Optional[dict[str, dict[int, str]]]:
+    """Symbolic input axes; a transformer's per-token output (last_hidden_state) shares
+    the input's symbolic sequence axis."""
+    axes = {i.name: {k: d for k, d in enumerate(i.shape) if isinstance(d, str)}
+            for i in spec.inputs}
+    axes = {n: a for n, a in axes.items() if a}
+    if not axes:
+        return None
+    if "last_hidden_state" in spec.outputs:
+        axes["last_hidden_state"] = {1: "seq"}
+    return axes
+
+
+def _declare_output_shapes(path: Path, shapes: Mapping[str, tuple[int, ...]],
+                           axes: Mapping[str, Mapping[int, str]]) -> None:
+    """With dynamic axes the exporter names every output dimension it cannot infer (even
+    the static batch); declares the static ones' sizes and the symbolic ones' names."""
+    import onnx
+    model = onnx.load(str(path))
+    for value in model.graph.output:
+        dims = value.type.tensor_type.shape.dim
+        for k, (dim, size) in enumerate(zip(dims, shapes[value.name], strict=True)):
+            symbol = axes.get(value.name, {}).get(k)
+            if symbol is None:
+                dim.dim_value = size
+            else:
+                dim.dim_param = symbol
+    onnx.save(model, str(path))
+
+
+def _randomize_affine(model) -> None:
+    import torch
+    norms = (torch.nn.BatchNorm2d, torch.nn.LayerNorm)
+    for module in model.modules():
+        if isinstance(module, norms) and module.weight is not None:
+            module.weight.uniform_(0.5, 1.5)
+    for name, parameter in model.named_parameters():
+        if name.endswith("bias"):
+            parameter.uniform_(-0.2, 0.2)
+
+
+def _calibrate_batch_norm(model, size: int) -> None:
+    """Sets every batch norm's statistics to its input's over a batch of random images."""
+    import torch
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.reset_running_stats()
+            module.momentum = None  # a cumulative average: after one batch, its statistics
+    model.train()
+    model(torch.randn(CALIBRATION_BATCH, 3, size, size))
+    model.eval()

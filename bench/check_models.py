@@ -1,8 +1,10 @@
 """Checks the five zoo models end to end against ONNX Runtime: errors, latency, compile time.
 
-    python bench/check_models.py                      # full size: ResNet-50, Inception-V3,
-                                                      # MobileNetV2, BERT-base, GPT-2 small
+    python bench/check_models.py             # full size: ResNet-50, Inception-V3, MobileNetV2,
+                                             # BERT-base and GPT-2 small (seq 128)
     python bench/check_models.py --reduced --models bert gpt2 --repeat 5
+
+(with treadle installed, as in make's .venv, or from the repository root with PYTHONPATH=.)
 
 Each model (batch 1, float32) is exported to ONNX once and cached in bench/out/ (exports are
 redone when treadle/models changes), compiled with ``treadle.compile`` into a fresh kernel

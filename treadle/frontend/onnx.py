@@ -244,7 +244,7 @@ def _dim_params(graph: onnx.GraphProto) -> set[str]:
 def _input_tensor(info: onnx.ValueInfoProto, taken: set[str]) -> Tensor:
     kind = info.type.WhichOneof("value")
     if kind != "tensor_type":
-        raise UnsupportedOpError(f"graph input {info.name!r} is a {kind or 'value of no type'}; "
+        raise UnsupportedOpError(f"graph input {info.name!r} has type {kind or 'none'}; "
                                  "only tensor inputs are supported")
     tensor_type = info.type.tensor_type
     dtype = _dtype(tensor_type.elem_type, f"graph input {info.name!r}")

@@ -27,4 +27,5 @@ def require(module: str):
         raise ImportError(f"treadle.models needs the optional package {module!r}: "
                           f"{_INSTALL.get(module, f'pip install {module}')}") from error
 
+
 __all__ = ["MODELS", "InputSpec", "ModelSpec", "export_onnx", "require"]

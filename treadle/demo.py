@@ -1,27 +1,29 @@
-"""`make demo`: compile a built-in program and time it next to ONNX Runtime and numpy.
+"""`make demo`: compile built-in models and time them next to ONNX Runtime.
 
-The built-in program is the task-mapped, tiled float32 matmul of treadle/examples; ONNX
-Runtime runs the same product as a MatMul node whose B is an initializer, as in a dense
-layer. Each system is timed in turn with idle gaps, since ONNX Runtime's and BLAS's worker
-threads keep spinning for a while after each run.
+The models come from treadle's zoo (random weights, exported to ONNX with torch). Each
+system runs the same inputs; the median of REPEATS timed runs is reported, with an idle gap
+between systems because ONNX Runtime's worker threads keep spinning after each run.
 """
 from __future__ import annotations
 
+import argparse
+import os
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
+import treadle
 from treadle.config import config
-from treadle.examples.matmul import tiled_matmul
-from treadle.runtime.module import compile_function
 
-SIZE = 1024
 REPEATS = 30
-IDLE_S = 0.1
+IDLE_S = 0.2
+DEFAULT_MODELS = ("mobilenet_v2", "bert")
 
 
-def median_ms(fn, repeats: int = REPEATS) -> float:
+def median_ms(fn, repeats: int) -> float:
     fn()
     times = []
     for _ in range(repeats):
@@ -32,53 +34,42 @@ def median_ms(fn, repeats: int = REPEATS) -> float:
     return statistics.median(times) * 1e3
 
 
-def onnxruntime_matmul(b: np.ndarray):
-    try:
-        import onnx
-        import onnxruntime as ort
-    except ImportError:
-        return None
-    from onnx import TensorProto, helper, numpy_helper
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["A", "B"], ["C"])], "matmul",
-        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [SIZE, SIZE])],
-        [helper.make_tensor_value_info("C", TensorProto.FLOAT, [SIZE, SIZE])],
-        [numpy_helper.from_array(b, "B")])
-    # ONNX Runtime reads models up to a given IR version; 9 covers opset 17.
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+def onnxruntime_session(path: Path):
+    import onnxruntime as ort
     options = ort.SessionOptions()
     options.intra_op_num_threads = config.num_threads
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    onnx.checker.check_model(model)
-    return session
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def main() -> None:
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((SIZE, SIZE), dtype=np.float32)
-    b = rng.standard_normal((SIZE, SIZE), dtype=np.float32)
-    c = np.empty((SIZE, SIZE), np.float32)
-
+def demo(name: str, folder: Path, repeats: int) -> None:
+    from treadle.models import export_onnx
+    spec = export_onnx(name, folder / f"{name}.onnx")
+    inputs = spec.random_inputs()
     start = time.perf_counter()
-    kernel = compile_function(tiled_matmul(SIZE, SIZE, SIZE, threads=config.num_threads))
-    print(f"compiled tiled_matmul {SIZE}^3 in {time.perf_counter() - start:.2f} s "
-          f"({config.num_threads} threads)")
-    kernel(a, b, c)
-    error = float(np.abs(c - a @ b).max())
+    model = treadle.compile(spec.path)
+    compile_s = time.perf_counter() - start
+    ours = model(**inputs)[0]
+    session = onnxruntime_session(spec.path)
+    reference = session.run(None, inputs)[0]
+    error = float(np.abs(ours - reference).max() / max(np.abs(reference).max(), 1e-30))
+    treadle_ms = median_ms(lambda: model(**inputs), repeats)
+    ort_ms = median_ms(lambda: session.run(None, inputs), repeats)
+    print(f"{name:<14} compile {compile_s:6.1f} s   treadle {treadle_ms:8.2f} ms   "
+          f"onnxruntime {ort_ms:8.2f} ms   speed vs onnxruntime {ort_ms / treadle_ms:5.2f}x   "
+          f"relative error {error:.1e}")
 
-    flops = 2.0 * SIZE ** 3
-    rows = [("treadle", median_ms(lambda: kernel(a, b, c)))]
-    session = onnxruntime_matmul(b)
-    if session is not None:
-        rows.append(("onnxruntime", median_ms(lambda: session.run(None, {"A": a}))))
-    rows.append(("numpy", median_ms(lambda: a @ b)))
 
-    print(f"max abs error vs numpy: {error:.2e}")
-    print(f"{'system':<12} {'median ms':>10} {'GFLOP/s':>9} {'treadle speed-up':>17}")
-    ours = rows[0][1]
-    for name, ms in rows:
-        print(f"{name:<12} {ms:>10.2f} {flops / ms / 1e6:>9.1f} {ms / ours:>16.2f}x")
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
+    parser.add_argument("--repeat", type=int, default=REPEATS)
+    args = parser.parse_args(argv)
+    load = os.getloadavg()[0]
+    print(f"{config.num_threads} threads, batch 1, float32; load average {load:.1f}"
+          + ("  (the machine is busy: timings are unreliable)" if load > 1.0 else ""))
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.models:
+            demo(name, Path(folder), args.repeat)
 
 
 if __name__ == "__main__":

@@ -4,12 +4,29 @@ from __future__ import annotations
 
 from treadle.graph.operator import Operator
 from treadle.schedule.rules import Kernel, schedule_computes
-from treadle.schedule.templates.matmul_cpu import match_gemm, schedule_gemm
+from treadle.graph.tensor import normalize_dim
+from treadle.schedule.templates.matmul_cpu import GemmPattern, match_gemm_output, schedule_gemm
+
+
+# Below this many output columns a GEMM tile is mostly padding (depthwise convolution,
+# matrix-vector products); the rule-based loops serve those better.
+MIN_GEMM_COLUMNS = 8
 
 
 def schedule_operator(op: Operator, name: str) -> Kernel:
     if len(op.definition) == 1 and not op.checks:
-        pattern = match_gemm(op.definition[0])
-        if pattern is not None:
+        pattern = match_gemm_output(op.definition[0])
+        if pattern is not None and _wide_enough(pattern):
             return schedule_gemm(name, op.input_buffers, pattern)
     return schedule_computes(name, op.input_buffers, op.definition, op.checks)
+
+
+def _wide_enough(pattern: GemmPattern) -> bool:
+    c = pattern.compute
+    columns = 1
+    for axis in pattern.n_axes:
+        dim = normalize_dim(c.shape[c.axes.index(axis)])
+        if not isinstance(dim, int):
+            return True
+        columns *= dim
+    return columns >= MIN_GEMM_COLUMNS

@@ -35,8 +35,8 @@ class Kernel:
 
 def schedule_computes(name: str, inputs: Sequence[Buffer | None], outputs: Sequence[Compute],
                       checks: Sequence[tuple[Expr, str]] = ()) -> Kernel:
-    computes = _reachable(outputs)
-    inline = _Inliner(computes)
+    computes = reachable(outputs)
+    inline = Inliner(computes)
     materialised = _materialise_order(outputs, computes)
     workspaces = tuple(c.buffer for c in materialised if c not in outputs)
     body = [Assert(cond, message) for cond, message in checks]
@@ -91,7 +91,7 @@ def _bound_vars(stmt: Stmt) -> set[Var]:
     return {n.var for n in walk(stmt) if isinstance(n, (For, Let))}
 
 
-def _reachable(outputs: Sequence[Compute]) -> dict[Buffer, Compute]:
+def reachable(outputs: Sequence[Compute]) -> dict[Buffer, Compute]:
     """Every compute the outputs read from, by the buffer that names it."""
     found: dict[Buffer, Compute] = {}
     stack = list(outputs)
@@ -127,7 +127,9 @@ def _materialise_order(outputs: Sequence[Compute], computes: dict[Buffer, Comput
     return order
 
 
-class _Inliner:
+class Inliner:
+    """Substitutes every injective compute at its loads, recursively; reductions stay loads."""
+
     def __init__(self, computes: dict[Buffer, Compute]):
         self.computes = computes
 
@@ -142,7 +144,7 @@ class _Inliner:
         return rewrite(expr, visit)
 
 
-def _loop_nest(c: Compute, inline: _Inliner) -> Stmt:
+def _loop_nest(c: Compute, inline: Inliner) -> Stmt:
     shape = c.shape
     if not shape:
         return _element(c, (), inline)
@@ -158,7 +160,7 @@ def _loop_nest(c: Compute, inline: _Inliner) -> Stmt:
     return For(row, outer_count, For(j, inner, _element(c, index, inline)), "parallel")
 
 
-def _element(c: Compute, index: Sequence[Expr], inline: _Inliner) -> Stmt:
+def _element(c: Compute, index: Sequence[Expr], inline: Inliner) -> Stmt:
     value = inline(substitute(c.value, dict(zip(c.axes, index))))
     if not c.is_reduction:
         return Store(c.buffer, tuple(index), value)

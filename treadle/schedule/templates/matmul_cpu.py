@@ -14,18 +14,18 @@ micro-kernel of AVX2 fused multiply-adds walks them with ``repeat`` mappings.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from treadle.config import config
 from treadle.ir.builder import FunctionBuilder
-from treadle.ir.compute import Compute
+from treadle.ir.compute import Compute, producer_of
 from treadle.ir.dtypes import float32, float32x8
 from treadle.ir.expr import (Binary, Buffer, Cast, Expr, Load, Var, broadcast, call, ceil_div,
                              logical_and, select)
-from treadle.ir.functor import free_vars, substitute, walk
+from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.mapping import repeat, spatial, unravel
-from treadle.schedule.rules import Kernel, canonical_kernel
+from treadle.schedule.rules import Inliner, Kernel, canonical_kernel, reachable
 
 LANES = 8
 
@@ -47,6 +47,20 @@ class GemmPattern:
     batch_axes: tuple[Var, ...]
     m_axes: tuple[Var, ...]
     n_axes: tuple[Var, ...]
+    # An element-wise compute applied to each result before it is stored (a bias, a
+    # rounding cast), which reads the product at its own index.
+    epilogue: Compute | None = None
+
+    @property
+    def output(self) -> Compute:
+        return self.epilogue or self.compute
+
+    def store_value(self, acc: Expr, index: tuple) -> Expr:
+        if self.epilogue is None:
+            return acc
+        value = substitute(self.epilogue.value, dict(zip(self.epilogue.axes, index)))
+        return rewrite(value, lambda n: acc if isinstance(n, Load)
+                       and n.buffer == self.compute.buffer else None)
 
 
 def match_gemm(c: Compute) -> GemmPattern | None:
@@ -68,8 +82,27 @@ def match_gemm(c: Compute) -> GemmPattern | None:
     return GemmPattern(c, left, right, batch, m, n)
 
 
+def match_gemm_output(out: Compute) -> GemmPattern | None:
+    """A GEMM for ``out`` itself, or for the one product ``out`` maps element-wise."""
+    if out.is_reduction:
+        return match_gemm(out)
+    value = Inliner(reachable([out]))(out.value)
+    products = {n.buffer for n in walk(value) if isinstance(n, Load)
+                and producer_of(n.buffer) is not None}
+    if len(products) != 1:
+        return None
+    product = producer_of(products.pop())
+    loads = [n for n in walk(value) if isinstance(n, Load) and n.buffer == product.buffer]
+    if product.shape != out.shape or any(n.indices != out.axes for n in loads):
+        return None
+    pattern = match_gemm(product)
+    if pattern is None:
+        return None
+    epilogue = Compute(out.buffer, out.axes, value)
+    return replace(pattern, epilogue=epilogue)
+
+
 def _loads_only_inputs(e: Expr) -> bool:
-    from treadle.ir.compute import producer_of
     return all(producer_of(n.buffer) is None for n in walk(e) if isinstance(n, Load))
 
 
@@ -103,12 +136,14 @@ def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPatte
         return substitute(expr, values)
 
     with FunctionBuilder(name) as fb:
-        used = {n.buffer for e in (pattern.left, pattern.right) for n in walk(e)
-                if isinstance(n, Load)}
+        sources = [pattern.left, pattern.right]
+        if pattern.epilogue is not None:
+            sources.append(pattern.epilogue.value)
+        used = {n.buffer for e in sources for n in walk(e) if isinstance(n, Load)}
         for buffer in inputs:
             if buffer is not None and buffer in used:
                 fb.add_param(buffer)
-        out = fb.add_param(c.buffer)
+        out = fb.add_param(pattern.output.buffer)
         for var in sorted({v for p in fb.params for d in p.shape for v in free_vars(d)},
                           key=lambda v: v.name):
             fb.add_param(var)
@@ -138,7 +173,7 @@ def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPatte
                         with fb.if_(logical_and(row0 + i < M, col0 + j < N)):
                             index = _output_index(pattern, batch_ext, m_ext, n_ext, b,
                                                   row0 + i, col0 + j)
-                            out[index] = acc[i, j]
+                            out[index] = pattern.store_value(acc[i, j], index)
     return canonical_kernel(fb.function, inputs, 1)
 
 

@@ -32,11 +32,14 @@ LANES = 8
 
 @dataclass(frozen=True)
 class GemmConfig:
+    """One point of the schedule space: macro-tile (block_*), register tile (micro_*), and
+    how many parts the K loop is split into (split_k, for small M x N)."""
     block_m: int = 48
     block_n: int = 64
     block_k: int = 128
     micro_m: int = 6
     micro_n: int = 16
+    split_k: int = 1
 
 
 @dataclass(frozen=True)

@@ -76,10 +76,17 @@ class CompiledModel:
 
 
 def compile(model: str | os.PathLike | onnx.ModelProto | Graph, *,
-            name: str | None = None) -> CompiledModel:
-    """Compiles an ONNX model (a file path or an ``onnx.ModelProto``) or a treadle graph."""
+            name: str | None = None, tune: int = 0) -> CompiledModel:
+    """Compiles an ONNX model (a file path or an ``onnx.ModelProto``) or a treadle graph.
+
+    ``tune`` picks how template schedules (matrix multiplications, convolutions) are
+    chosen: 0 an analytic default for this CPU, 1 the fastest of a small measured space,
+    2 of the full space. Results are recorded under the cache directory, so compiling
+    the same model again measures nothing."""
+    if tune not in (0, 1, 2):
+        raise ValueError(f"tune={tune!r}: expected 0, 1 or 2")
     graph = _as_graph(model, name)
-    return CompiledModel(compile_graph(graph), graph.name)
+    return CompiledModel(compile_graph(graph, tune=tune), graph.name)
 
 
 def _as_graph(model, name: str | None) -> Graph:

@@ -25,7 +25,8 @@ from treadle.schedule.operator import schedule_operator
 FUNCTIONS_PER_OBJECT = 24
 
 
-def compile_graph(graph: Graph, optimize_graph: bool = True) -> Executable:
+def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int = 0) -> Executable:
+    """``tune``: the tuning level of template schedules (0 analytic, 1 small, 2 full)."""
     if optimize_graph:
         graph = optimize(graph)
     tensors = graph.tensors
@@ -42,7 +43,7 @@ def compile_graph(graph: Graph, optimize_graph: bool = True) -> Executable:
         if op.opdef.view and not op.checks:
             plans.append((op.name, None, (slot_of[id(op.inputs[0])],), outputs, ()))
             continue
-        kernel = schedule_operator(op, f"k{index}_{op.op_type}")
+        kernel = schedule_operator(op, f"k{index}_{op.op_type}", tune)
         key = replace(kernel.function, name="")
         function = unique.setdefault(key, kernel.function)
         args = tuple(slot_of[id(op.inputs[i])] for i in kernel.inputs)

@@ -1,11 +1,14 @@
 """Which schedule an operator gets: a template when its compute definition matches one,
-otherwise the rule-based schedule. Templates recognise computes, not operator names."""
+otherwise the rule-based schedule. Templates recognise computes, not operator names.
+``tune`` is the tuning level of template configurations (see ``treadle.tune``): 0 takes
+the analytic default, 1 and 2 measure a small or the full space, or replay a record."""
 from __future__ import annotations
 
 from treadle.graph.operator import Operator
 from treadle.schedule.rules import Kernel, schedule_computes
 from treadle.graph.tensor import normalize_dim
 from treadle.schedule.templates.matmul_cpu import GemmPattern, match_gemm_output, schedule_gemm
+from treadle.tune.exhaustive import tune_gemm
 
 
 # Below this many output columns a GEMM tile is mostly padding (depthwise convolution,
@@ -13,11 +16,12 @@ from treadle.schedule.templates.matmul_cpu import GemmPattern, match_gemm_output
 MIN_GEMM_COLUMNS = 8
 
 
-def schedule_operator(op: Operator, name: str) -> Kernel:
+def schedule_operator(op: Operator, name: str, tune: int = 0) -> Kernel:
     if len(op.definition) == 1 and not op.checks:
         pattern = match_gemm_output(op.definition[0])
         if pattern is not None and _wide_enough(pattern):
-            return schedule_gemm(name, op.input_buffers, pattern)
+            cfg = tune_gemm(name, op.input_buffers, pattern, tune)
+            return schedule_gemm(name, op.input_buffers, pattern, cfg)
     return schedule_computes(name, op.input_buffers, op.definition, op.checks)
 
 

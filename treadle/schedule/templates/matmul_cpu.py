@@ -8,9 +8,18 @@ the factors at unravelled (batch, m, k) and (batch, k, n) positions, so a convol
 im2col addressing happens inside the packing step and no im2col buffer exists.
 
 Work distribution: threads are the workers of a cyclic mapping over macro-tiles
-``repeat(rounds) * spatial(threads)``; a macro-tile packs zero-padded panels of both
-factors (local padding: the micro-kernel never checks bounds), then a register-blocked
-micro-kernel of AVX2 fused multiply-adds walks them with ``repeat`` mappings.
+``repeat(rounds) * spatial(threads)``. For each K block a macro-tile packs both factors
+into micro-panels, ``[block_m / micro_m][block_k][micro_m]`` and
+``[block_n / micro_n][block_k][micro_n]``, so the micro-kernel walks both linearly;
+the last micro-panel of a ragged edge is zero-padded (local padding), so the
+micro-kernel never checks bounds. The micro-kernel is a fully unrolled register tile of
+AVX2 fused multiply-adds; it starts from zero in the first K block and from the
+accumulator after that, in BLIS order (micro-panels of B outer, of A inner). Blocks are
+clamped to the problem's constant sizes, so a small M, N or K costs no padded work.
+
+``split_k`` > 1 (small M x N, long K): the workers of ``spatial(groups, split_k)`` each
+accumulate one K part of a macro-tile into a shared workspace; a second parallel loop
+sums the parts and applies the epilogue.
 """
 from __future__ import annotations
 
@@ -18,25 +27,28 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from treadle.config import config
+from treadle.errors import ScheduleConfigError
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, producer_of
 from treadle.ir.dtypes import float32, float32x8
 from treadle.ir.expr import (Binary, Buffer, Cast, Expr, Load, Var, broadcast, call, ceil_div,
-                             logical_and, select)
+                             eq, maximum, minimum, select)
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.mapping import repeat, spatial, unravel
 from treadle.schedule.rules import Inliner, Kernel, canonical_kernel, reachable
+from treadle.target.cpu import host
 
 LANES = 8
+STACK_BYTES = 1 << 20  # the packed panels and accumulator live on a thread's stack
 
 
 @dataclass(frozen=True)
 class GemmConfig:
     """One point of the schedule space: macro-tile (block_*), register tile (micro_*), and
     how many parts the K loop is split into (split_k, for small M x N)."""
-    block_m: int = 48
-    block_n: int = 64
-    block_k: int = 128
+    block_m: int = 96
+    block_n: int = 256
+    block_k: int = 256
     micro_m: int = 6
     micro_n: int = 16
     split_k: int = 1
@@ -120,24 +132,90 @@ def _product(values: Sequence) -> Expr | int:
     return total
 
 
+def check_config(cfg: GemmConfig, threads: int) -> None:
+    """Raises ScheduleConfigError for a config the template cannot generate."""
+    fields = vars(cfg)
+    bad = [f"{k}={v}" for k, v in fields.items() if not (isinstance(v, int) and v >= 1)]
+    if bad:
+        raise ScheduleConfigError(f"GemmConfig needs positive integers, got {', '.join(bad)}")
+    if cfg.micro_n % LANES:
+        raise ScheduleConfigError(f"micro_n={cfg.micro_n} is not a multiple of {LANES} lanes")
+    if cfg.block_m % cfg.micro_m or cfg.block_n % cfg.micro_n:
+        raise ScheduleConfigError(f"block {cfg.block_m}x{cfg.block_n} is not a multiple of the "
+                                  f"register tile {cfg.micro_m}x{cfg.micro_n}")
+    vectors = cfg.micro_n // LANES
+    # Accumulators, one row of B vectors and the broadcast of A.
+    needed = cfg.micro_m * vectors + vectors + 1
+    if needed > host().vector_registers:
+        raise ScheduleConfigError(f"register tile {cfg.micro_m}x{cfg.micro_n} needs {needed} "
+                                  f"vector registers, the target has {host().vector_registers}")
+    floats = cfg.block_k * (cfg.block_m + cfg.block_n) + cfg.block_m * cfg.block_n
+    if 4 * floats > STACK_BYTES:
+        raise ScheduleConfigError(f"panels and accumulator of {cfg} need {4 * floats} bytes "
+                                  f"of stack, more than {STACK_BYTES}")
+    workspace = 4 * _groups(cfg, threads) * cfg.split_k * cfg.block_m * cfg.block_n
+    if cfg.split_k > 1 and workspace > STACK_BYTES:
+        raise ScheduleConfigError(f"split_k={cfg.split_k} needs a {workspace}-byte workspace, "
+                                  f"more than {STACK_BYTES}")
+
+
+def _groups(cfg: GemmConfig, threads: int) -> int:
+    """How many macro-tiles split_k workers compute at once."""
+    return max(1, threads // cfg.split_k)
+
+
+def _min(a, b):
+    return min(a, b) if isinstance(a, int) and isinstance(b, int) else minimum(a, b)
+
+
+def _max(a, b):
+    return max(a, b) if isinstance(a, int) and isinstance(b, int) else maximum(a, b)
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-max(x, 1) // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class _Gemm:
+    """The sizes of one GEMM and the config clamped to them."""
+    pattern: GemmPattern
+    extents: dict  # role ("batch", "m", "n", "k") -> extents of its axes
+    cfg: GemmConfig
+
+    def size(self, role: str):
+        return _product(self.extents[role])
+
+    def coords(self, fb: FunctionBuilder, role: str, flat) -> dict:
+        """The axes of ``role`` at a flat position, bound once by lets."""
+        axes = {"batch": self.pattern.batch_axes, "m": self.pattern.m_axes,
+                "n": self.pattern.n_axes, "k": self.pattern.compute.reduce_axes}[role]
+        if not axes:
+            return {}
+        values = unravel(flat, self.extents[role])
+        return {a: fb.let(a.name, v) for a, v in zip(axes, values)}
+
+
+def _clamped(cfg: GemmConfig, M, N, K) -> GemmConfig:
+    """Blocks no larger than the constant sizes they tile (no padded work on small dims)."""
+    if isinstance(M, int):
+        cfg = replace(cfg, block_m=min(cfg.block_m, _round_up(M, cfg.micro_m)))
+    if isinstance(N, int):
+        cfg = replace(cfg, block_n=min(cfg.block_n, _round_up(N, cfg.micro_n)))
+    if isinstance(K, int):
+        cfg = replace(cfg, block_k=min(cfg.block_k, max(K, 1)))
+    return cfg
+
+
 def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPattern,
                   cfg: GemmConfig = GemmConfig()) -> Kernel:
-    c = pattern.compute
-    batch_ext, m_ext, n_ext = (_extents(c, axes) for axes in
-                               (pattern.batch_axes, pattern.m_axes, pattern.n_axes))
-    k_ext = list(c.reduce_extents)
-    batch, M, N, K = (_product(e) for e in (batch_ext, m_ext, n_ext, k_ext))
     threads = config.num_threads
-
-    def at(expr: Expr, b, m, n, k) -> Expr:
-        """``expr`` with the axes replaced by the unravelled flat positions."""
-        values = {}
-        for axes, ext, flat in ((pattern.batch_axes, batch_ext, b), (pattern.m_axes, m_ext, m),
-                                (pattern.n_axes, n_ext, n), (c.reduce_axes, k_ext, k)):
-            if axes and flat is not None:
-                values.update(zip(axes, unravel(flat, ext)))
-        return substitute(expr, values)
-
+    check_config(cfg, threads)
+    c = pattern.compute
+    extents = {"batch": _extents(c, pattern.batch_axes), "m": _extents(c, pattern.m_axes),
+               "n": _extents(c, pattern.n_axes), "k": list(c.reduce_extents)}
+    sizes = [_product(extents[r]) for r in ("m", "n", "k")]
+    gemm = _Gemm(pattern, extents, _clamped(cfg, *sizes))
     with FunctionBuilder(name) as fb:
         sources = [pattern.left, pattern.right]
         if pattern.epilogue is not None:
@@ -150,61 +228,165 @@ def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPatte
         for var in sorted({v for p in fb.params for d in p.shape for v in free_vars(d)},
                           key=lambda v: v.name):
             fb.add_param(var)
-        tiles_m, tiles_n = ceil_div(M, cfg.block_m), ceil_div(N, cfg.block_n)
-        tiles = batch * tiles_m * tiles_n
-        for thread in fb.range(threads, kind="parallel", name="thread"):
-            for (tile,) in (repeat(ceil_div(tiles, threads)) * spatial(threads)).on(thread):
-                with fb.if_(tile < tiles):
-                    b = fb.let("b", tile // (tiles_m * tiles_n))
-                    row0 = fb.let("row0", tile % (tiles_m * tiles_n) // tiles_n * cfg.block_m)
-                    col0 = fb.let("col0", tile % tiles_n * cfg.block_n)
-                    acc = fb.buffer("acc", float32, [cfg.block_m, cfg.block_n])
-                    for i, j in repeat(cfg.block_m, cfg.block_n).on(0):
-                        acc[i, j] = 0.0
-                    for kb in fb.range(ceil_div(K, cfg.block_k), name="kb"):
-                        k0 = fb.let("k0", kb * cfg.block_k)
-                        a_panel = fb.buffer("a_panel", float32, [cfg.block_m, cfg.block_k])
-                        for i, kk in repeat(cfg.block_m, cfg.block_k).on(0):
-                            inside = logical_and(row0 + i < M, k0 + kk < K)
-                            a_panel[i, kk] = select(inside, _f32(at(pattern.left, b, row0 + i, None, k0 + kk)), 0.0)
-                        b_panel = fb.buffer("b_panel", float32, [cfg.block_k, cfg.block_n])
-                        for kk, j in repeat(cfg.block_k, cfg.block_n).on(0):
-                            inside = logical_and(k0 + kk < K, col0 + j < N)
-                            b_panel[kk, j] = select(inside, _f32(at(pattern.right, b, None, col0 + j, k0 + kk)), 0.0)
-                        _micro_kernels(fb, a_panel, b_panel, acc, cfg)
-                    for i, j in repeat(cfg.block_m, cfg.block_n).on(0):
-                        with fb.if_(logical_and(row0 + i < M, col0 + j < N)):
-                            index = _output_index(pattern, batch_ext, m_ext, n_ext, b,
-                                                  row0 + i, col0 + j)
-                            out[index] = pattern.store_value(acc[i, j], index)
+        if gemm.cfg.split_k == 1:
+            _whole_k(fb, gemm, out, threads)
+        else:
+            _split_k(fb, gemm, out, threads)
     return canonical_kernel(fb.function, inputs, 1)
+
+
+class _Tile:
+    """One macro-tile: its batch coordinates, first row and column, and valid extents."""
+
+    def __init__(self, fb: FunctionBuilder, gemm: _Gemm, tile):
+        cfg = gemm.cfg
+        tiles_m = ceil_div(gemm.size("m"), cfg.block_m)
+        tiles_n = ceil_div(gemm.size("n"), cfg.block_n)
+        self.batch = gemm.coords(fb, "batch", tile // (tiles_m * tiles_n))
+        self.row0 = fb.let("row0", tile % (tiles_m * tiles_n) // tiles_n * cfg.block_m)
+        self.col0 = fb.let("col0", tile % tiles_n * cfg.block_n)
+        self.rows = fb.let("rows", _min(cfg.block_m, gemm.size("m") - self.row0))
+        self.cols = fb.let("cols", _min(cfg.block_n, gemm.size("n") - self.col0))
+
+
+def _num_tiles(gemm: _Gemm):
+    cfg = gemm.cfg
+    return (gemm.size("batch") * ceil_div(gemm.size("m"), cfg.block_m)
+            * ceil_div(gemm.size("n"), cfg.block_n))
+
+
+def _whole_k(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, threads: int) -> None:
+    cfg, tiles = gemm.cfg, _num_tiles(gemm)
+    for thread in fb.range(threads, kind="parallel", name="thread"):
+        for (t,) in (repeat(ceil_div(tiles, threads)) * spatial(threads)).on(thread):
+            with fb.if_(t < tiles):
+                tile = _Tile(fb, gemm, t)
+                acc = fb.buffer("acc", float32, [cfg.block_m, cfg.block_n])
+                _accumulate(fb, gemm, tile, acc, (), 0, gemm.size("k"))
+                for i in fb.range(tile.rows, name="i"):
+                    m = gemm.coords(fb, "m", tile.row0 + i)
+                    for j in fb.range(tile.cols, name="j"):
+                        _store(fb, gemm, out, tile, m, j, acc[i, j])
+
+
+def _split_k(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, threads: int) -> None:
+    cfg, tiles = gemm.cfg, _num_tiles(gemm)
+    groups, parts = _groups(cfg, threads), cfg.split_k
+    partials = fb.buffer("partials", float32, [groups * parts, cfg.block_m, cfg.block_n],
+                         scope="shared")
+    K = gemm.size("k")
+    k_part = ceil_div(K, parts)
+    for rnd in fb.range(ceil_div(tiles, groups), name="round"):
+        for worker in fb.range(groups * parts, kind="parallel", name="worker"):
+            for g, part in spatial(groups, parts).on(worker):
+                with fb.if_(rnd * groups + g < tiles):
+                    tile = _Tile(fb, gemm, rnd * groups + g)
+                    k_begin = fb.let("k_begin", _min(part * k_part, K))
+                    k_len = fb.let("k_len", _min(k_part, K - k_begin))
+                    _accumulate(fb, gemm, tile, partials, (g * parts + part,), k_begin, k_len)
+        for thread in fb.range(threads, kind="parallel", name="thread"):
+            rows = repeat(ceil_div(cfg.block_m, threads)) * spatial(threads)
+            for g in fb.range(groups, name="g"):
+                with fb.if_(rnd * groups + g < tiles):
+                    tile = _Tile(fb, gemm, rnd * groups + g)
+                    for (i,) in rows.on(thread):
+                        with fb.if_(i < tile.rows):
+                            m = gemm.coords(fb, "m", tile.row0 + i)
+                            for j in fb.range(tile.cols, name="j"):
+                                total = fb.scalar("total", float32, 0.0)
+                                for p in fb.range(parts, name="p"):
+                                    total[()] = total[()] + partials[g * parts + p, i, j]
+                                _store(fb, gemm, out, tile, m, j, total[()])
+
+
+def _store(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, tile: _Tile, m: dict, j,
+           value: Expr) -> None:
+    pattern = gemm.pattern
+    n = dict(zip(pattern.n_axes, unravel(tile.col0 + j, gemm.extents["n"])))
+    coords = {**tile.batch, **m, **n}
+    index = tuple(coords[a] for a in pattern.compute.axes)
+    out[index] = pattern.store_value(value, index)
+
+
+def _accumulate(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, acc: Buffer, slot: tuple,
+                k_begin, k_len) -> None:
+    """acc[slot + (i, j)] = the tile's products summed over K positions
+    [k_begin, k_begin + k_len), one K block of packed panels at a time."""
+    cfg = gemm.cfg
+    for kb in fb.range(_max(ceil_div(k_len, cfg.block_k), 1), name="kb"):
+        k0 = fb.let("k0", k_begin + kb * cfg.block_k)
+        depth = fb.let("depth", _max(_min(cfg.block_k, k_len - kb * cfg.block_k), 0))
+        a_pack = _pack_left(fb, gemm, tile, k0, depth)
+        b_pack = _pack_right(fb, gemm, tile, k0, depth)
+        _micro_kernels(fb, gemm.cfg, tile, a_pack, b_pack, acc, slot, eq(kb, 0), depth)
 
 
 def _f32(e: Expr) -> Expr:
     return e if e.dtype == float32 else Cast(e, float32)
 
 
-def _output_index(pattern: GemmPattern, batch_ext, m_ext, n_ext, b, m, n) -> tuple:
-    values = {}
-    for axes, ext, flat in ((pattern.batch_axes, batch_ext, b), (pattern.m_axes, m_ext, m),
-                            (pattern.n_axes, n_ext, n)):
-        if axes:
-            values.update(zip(axes, unravel(flat, ext)))
-    return tuple(values[a] for a in pattern.compute.axes)
+def _pack_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, k0, depth) -> Buffer:
+    """a_pack[p, kk, r] = left(row0 + p * micro_m + r, k0 + kk), zero past the last row."""
+    cfg, mr = gemm.cfg, gemm.cfg.micro_m
+    a_pack = fb.buffer("a_pack", float32, [cfg.block_m // mr, cfg.block_k, mr])
+    for p in fb.range(ceil_div(tile.rows, mr), name="p"):
+        for r in fb.range(mr, name="r"):
+            with fb.if_(p * mr + r < tile.rows):
+                m = gemm.coords(fb, "m", tile.row0 + p * mr + r)
+                for kk in fb.range(depth, name="kk"):
+                    k = gemm.coords(fb, "k", k0 + kk)
+                    a_pack[p, kk, r] = _f32(substitute(gemm.pattern.left,
+                                                       {**tile.batch, **m, **k}))
+            with fb.else_():
+                for kk in fb.range(depth, name="kk"):
+                    a_pack[p, kk, r] = 0.0
+    return a_pack
 
 
-def _micro_kernels(fb: FunctionBuilder, a_panel, b_panel, acc, cfg: GemmConfig) -> None:
-    vectors = cfg.micro_n // LANES
-    tiles = repeat(cfg.block_m // cfg.micro_m, cfg.block_n // cfg.micro_n)
-    registers = repeat(cfg.micro_m, vectors, kind="unroll")
-    for mi, ni in tiles.on(0):
-        regs = fb.buffer("regs", float32x8, [cfg.micro_m, vectors])
-        for r, v in registers.on(0):
-            regs[r, v] = acc.vload((mi * cfg.micro_m + r, ni * cfg.micro_n + v * LANES), LANES)
-        for kk in fb.range(cfg.block_k, name="kk"):
+def _pack_right(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, k0, depth) -> Buffer:
+    """b_pack[p, kk, c] = right(k0 + kk, col0 + p * micro_n + c), zero past the last
+    column; whole micro-panels take the branch without bounds checks."""
+    cfg, nr = gemm.cfg, gemm.cfg.micro_n
+    b_pack = fb.buffer("b_pack", float32, [cfg.block_n // nr, cfg.block_k, nr])
+
+    def fill(p, checked: bool) -> None:
+        for kk in fb.range(depth, name="kk"):
+            k = gemm.coords(fb, "k", k0 + kk)
+            for (col,) in repeat(nr).on(0):
+                n = dict(zip(gemm.pattern.n_axes,
+                             unravel(tile.col0 + p * nr + col, gemm.extents["n"])))
+                value = _f32(substitute(gemm.pattern.right, {**tile.batch, **n, **k}))
+                b_pack[p, kk, col] = (select(p * nr + col < tile.cols, value, 0.0)
+                                      if checked else value)
+
+    for p in fb.range(ceil_div(tile.cols, nr), name="p"):
+        with fb.if_(p * nr + nr <= tile.cols):
+            fill(p, checked=False)
+        with fb.else_():
+            fill(p, checked=True)
+    return b_pack
+
+
+def _micro_kernels(fb: FunctionBuilder, cfg: GemmConfig, tile: _Tile, a_pack: Buffer,
+                   b_pack: Buffer, acc: Buffer, slot: tuple, first, depth) -> None:
+    """Register tiles over the packed panels, B micro-panels outer so that one stays in
+    L1 while the A micro-panels stream past it."""
+    mr, nr = cfg.micro_m, cfg.micro_n
+    vectors = nr // LANES
+    registers = repeat(mr, vectors, kind="unroll")
+    for q in fb.range(ceil_div(tile.cols, nr), name="q"):
+        for p in fb.range(ceil_div(tile.rows, mr), name="p"):
+            regs = fb.buffer("regs", float32x8, [mr, vectors])
+            with fb.if_(first):
+                for r, v in registers.on(0):
+                    regs[r, v] = broadcast(0.0, LANES)
+            with fb.else_():
+                for r, v in registers.on(0):
+                    regs[r, v] = acc.vload(slot + (p * mr + r, q * nr + v * LANES), LANES)
+            for kk in fb.range(depth, name="kk"):
+                for r, v in registers.on(0):
+                    a = broadcast(a_pack[p, kk, r], LANES)
+                    b = b_pack.vload((q, kk, v * LANES), LANES)
+                    regs[r, v] = call("fma", a, b, regs[r, v])
             for r, v in registers.on(0):
-                a = broadcast(a_panel[mi * cfg.micro_m + r, kk], LANES)
-                bv = b_panel.vload((kk, ni * cfg.micro_n + v * LANES), LANES)
-                regs[r, v] = call("fma", a, bv, regs[r, v])
-        for r, v in registers.on(0):
-            acc[mi * cfg.micro_m + r, ni * cfg.micro_n + v * LANES] = regs[r, v]
+                acc[slot + (p * mr + r, q * nr + v * LANES)] = regs[r, v]

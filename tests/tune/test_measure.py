@@ -1,0 +1,49 @@
+"""Measuring candidates in a child process: real timings for good kernels, and a kernel
+that crashes or hangs is marked failed while the others are still measured."""
+import logging
+
+from treadle.ir.builder import FunctionBuilder
+from treadle.ir.compute import reduce
+from treadle.ir.dtypes import float32
+from treadle.ir.expr import Buffer, Var
+from treadle.schedule.templates.matmul_cpu import GemmConfig, match_gemm, schedule_gemm
+from treadle.tune.measure import measure_functions
+
+
+def gemm(cfg):
+    m = Var("M")
+    a, b = Buffer("a", float32, (m, 32)), Buffer("b", float32, (32, 24))
+    c = reduce("c", [m, 24], [32], lambda i, j, r: a[i, r] * b[r, j])
+    return schedule_gemm("gemm", [a, b], match_gemm(c), cfg).function
+
+
+def broken(kind):
+    """A kernel that writes far outside its buffer, or loops for centuries."""
+    with FunctionBuilder(kind) as fb:
+        out = fb.param("out", float32, [4])
+        if kind == "crash":
+            for i in fb.range(1 << 20, name="i"):
+                out[i * (1 << 24)] = 1.0
+        else:
+            for i in fb.range(1 << 62, name="i"):
+                out[i % 4] = out[i % 4] + 1.0
+    return fb.function
+
+
+def test_times_good_candidates():
+    times = measure_functions([gemm(GemmConfig(12, 16, 32, 6, 16)), gemm(GemmConfig())],
+                              symbol_size=20, repeats=3)
+    assert all(isinstance(t, float) and 0 < t < 1 for t in times)
+
+
+def test_crashing_and_hanging_candidates_are_skipped(caplog):
+    good = gemm(GemmConfig())
+    settled = []
+    with caplog.at_level(logging.WARNING):
+        times = measure_functions([broken("crash"), good, broken("hang"), good],
+                                  repeats=3, timeout=3, progress=settled.append)
+    assert times[0] is None and times[2] is None
+    assert isinstance(times[1], float) and isinstance(times[3], float)
+    assert sum(settled) == 4
+    assert "candidate 0 crashed the measuring process" in caplog.text
+    assert "candidate 2 ran past 3 s" in caplog.text

@@ -1,0 +1,212 @@
+"""Measuring candidate kernels: build them all in parallel, time them in a child process.
+
+Candidates are lowered, printed as C in groups of ``FUNCTIONS_PER_OBJECT`` per shared
+object (a compiler start-up per kernel would dominate tuning) and built by ``build_many``.
+The timing runs in a child process (``python -m treadle.tune.measure JOB``) that reports
+each candidate on its stdout as it goes, so a candidate that crashes the process or runs
+past ``timeout`` seconds is marked failed (None) and the child is restarted on the rest:
+a broken candidate never takes the tuner down. Each candidate runs once to warm up, then
+``repeats`` times on random data of the workload's concrete shape, in rounds interleaved
+with the other candidates; the median counts.
+Symbolic dimensions take ``symbol_size``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from treadle.backend.build import build_many
+from treadle.backend.c import generate
+from treadle.config import config
+from treadle.errors import CompileError
+from treadle.ir.expr import Buffer, Var
+from treadle.ir.functor import evaluate, free_vars
+from treadle.ir.lower import lower
+from treadle.ir.stmt import Function
+
+log = logging.getLogger(__name__)
+
+FUNCTIONS_PER_OBJECT = 8
+REPEATS = 15
+TIMEOUT_S = 20.0      # per candidate, warm-up and repeats together
+TIME_BUDGET_S = 1.0   # fewer repeats for a candidate slower than this in all
+SYMBOL_SIZE = 128
+ROUNDS = 3            # timing rounds, interleaved across candidates
+
+
+def measure_functions(functions: Sequence[Function], *, symbol_size: int = SYMBOL_SIZE,
+                      repeats: int = REPEATS, timeout: float = TIMEOUT_S,
+                      progress: Callable[[int], object] = lambda n: None
+                      ) -> list[float | None]:
+    """Median seconds per call of each function (None where it failed to build, crashed or
+    timed out); ``progress(n)`` is called as n more candidates are settled."""
+    named = [_renamed(f, f"candidate{k}") for k, f in enumerate(functions)]
+    env = {v: symbol_size for f in named for v in _symbols(f)}
+    libraries = _build(named)
+    results: list[float | None] = [None] * len(named)
+    todo = [k for k in range(len(named)) if libraries[k] is not None]
+    progress(len(named) - len(todo))
+    with tempfile.TemporaryDirectory(prefix="treadle-measure-") as tmp:
+        while todo:
+            job = Path(tmp) / "job.pkl"
+            job.write_bytes(pickle.dumps({
+                "candidates": [(k, str(libraries[k]), named[k]) for k in todo],
+                "env": env, "repeats": repeats, "threads": config.num_threads,
+                "budget": TIME_BUDGET_S}))
+            done = _run_child(job, results, timeout)
+            progress(len(done))
+            todo = [k for k in todo if k not in done]
+    return results
+
+
+def _renamed(f: Function, name: str) -> Function:
+    return replace(f, name=name)
+
+
+def _symbols(f: Function) -> set[Var]:
+    found = {p for p in f.params if isinstance(p, Var)}
+    found |= {v for p in f.params if isinstance(p, Buffer) for d in p.shape for v in free_vars(d)}
+    return found
+
+
+def _build(functions: Sequence[Function]) -> list[Path | None]:
+    """The shared object holding each function, None where its group failed to build."""
+    lowered = [lower(f) for f in functions]
+    groups = [list(range(k, min(k + FUNCTIONS_PER_OBJECT, len(lowered))))
+              for k in range(0, len(lowered), FUNCTIONS_PER_OBJECT)]
+    items = [(generate([lowered[k] for k in g]), f"tune_{g[0]}") for g in groups]
+    try:
+        paths: list[Path | None] = list(build_many(items))
+    except CompileError:
+        paths = []
+        for item in items:  # find the group at fault, keep the others
+            try:
+                paths.append(build_many([item])[0])
+            except CompileError as err:
+                log.warning("tuning: a group of candidates failed to compile:\n%s", err)
+                paths.append(None)
+    return [paths[k // FUNCTIONS_PER_OBJECT] for k in range(len(functions))]
+
+
+def _run_child(job: Path, results: list, timeout: float) -> set[int]:
+    """Runs one child on ``job``; returns the candidates it finished or that failed."""
+    child = subprocess.Popen([sys.executable, "-m", "treadle.tune.measure", str(job)],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             env=_child_environment())
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(l) for l in child.stdout] + [lines.put(None)],
+                              daemon=True)
+    reader.start()
+    done: set[int] = set()
+    current = None
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=timeout)
+            except queue.Empty:
+                log.warning("tuning: candidate %s ran past %.0f s; skipped", current, timeout)
+                break
+            if line is None:
+                if current is not None:
+                    log.warning("tuning: candidate %s crashed the measuring process (exit "
+                                "status %s); skipped", current, child.wait())
+                break
+            word, index, *rest = line.split()
+            current = int(index)
+            if word == "time":
+                results[current] = float(rest[0])
+                done.add(current)
+                current = None
+            elif word == "ok":
+                current = None
+            elif word == "error":
+                log.warning("tuning: candidate %s failed: %s", current, " ".join(rest))
+                done.add(current)
+                current = None
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+    if current is not None:
+        done.add(current)
+    return done
+
+
+def _child_environment() -> dict[str, str]:
+    """The parent's environment, with treadle importable however the parent found it."""
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+
+
+# ---- the child -----------------------------------------------------------------------------
+
+def _child_main(job_path: str) -> None:
+    """Warms every candidate up once (a crash or hang here is pinned on it), then times
+    them in interleaved rounds, so a burst of load from elsewhere on the machine slows
+    every candidate a little rather than one candidate a lot."""
+    from treadle.config import override
+    from treadle.runtime.module import load
+    job = pickle.loads(Path(job_path).read_bytes())
+    arrays: dict = {}
+    ready = []
+    with override(num_threads=job["threads"]):
+        for index, path, function in job["candidates"]:
+            print("start", index, flush=True)
+            try:
+                kernel = load(path, [function])[function.name]
+                args = _arguments(function, job["env"], arrays)
+                first = _seconds(kernel, args)
+            except Exception as err:  # a candidate's own failure, reported, not fatal
+                print("error", index, type(err).__name__, str(err).replace("\n", " "),
+                      flush=True)
+                continue
+            count = max(3, min(job["repeats"], int(job["budget"] / max(first, 1e-9))))
+            ready.append((index, kernel, args, -(-count // ROUNDS), []))
+            print("ok", index, flush=True)
+        for _ in range(ROUNDS):
+            for index, kernel, args, per_round, samples in ready:
+                print("start", index, flush=True)
+                samples.extend(_seconds(kernel, args) for _ in range(per_round))
+        for index, _, _, _, samples in ready:
+            print("time", index, repr(float(np.median(samples))), flush=True)
+
+
+def _arguments(function: Function, env: Mapping[Var, int], arrays: dict) -> list:
+    rng = np.random.default_rng(0)
+    args = []
+    for p in function.params:
+        if isinstance(p, Var):
+            args.append(env[p])
+            continue
+        shape = tuple(int(evaluate(d, env)) for d in p.shape)
+        key = (p.name, shape, p.dtype.name)
+        if key not in arrays:
+            dtype = np.dtype(p.dtype.name)
+            data = rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" \
+                else np.zeros(shape, dtype)
+            arrays[key] = data
+        args.append(arrays[key].ctypes.data)
+    return args
+
+
+def _seconds(kernel, args: list) -> float:
+    start = time.perf_counter()
+    kernel.call_unchecked(args)
+    return time.perf_counter() - start
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1])

@@ -10,7 +10,8 @@ from treadle.config import override
 from treadle.errors import ArgumentError, DTypeError, ShapeError
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.expr import cast
-from treadle.runtime.module import compile_functions
+from treadle.ir.stmt import Module
+from treadle.runtime.module import compile_module
 
 
 def _affine():
@@ -37,7 +38,7 @@ def _fill():
 
 @pytest.fixture(scope="module")
 def module():
-    return compile_functions([_affine(), _fill()], "test_module")
+    return compile_module(Module("test_module", (_affine(), _fill())))
 
 
 def _expected(x: np.ndarray) -> np.ndarray:
@@ -100,7 +101,7 @@ def test_bad_arguments_name_the_argument(module):
 
 def test_dump_writes_the_source(tmp_path):
     with override(dump_dir=tmp_path):
-        compile_functions([_fill()], "dumped/../module")
+        compile_module(Module("dumped/../module", (_fill(),)))
     (source,) = tmp_path.rglob("kernel.c")
     assert "int32_t kernel_fill(" in source.read_text()
     assert source.is_relative_to(tmp_path)
@@ -108,7 +109,7 @@ def test_dump_writes_the_source(tmp_path):
 
 def test_num_threads_setting(module):
     with override(num_threads=1):
-        single = compile_functions([_affine()], "single_thread").affine
+        single = compile_module(Module("single_thread", (_affine(),))).affine
     x = np.ones((5, 3), np.float32)
     y = np.empty_like(x)
     single(x, y)

@@ -1,20 +1,35 @@
 """The GEMM template on computes it was never told about: matmul, batched matmul with
-broadcasting, and convolution as implicit GEMM — against numpy."""
+broadcasting, convolution as implicit GEMM, a fused epilogue — against numpy, over
+several schedule configs (split_k included); invalid configs raise ScheduleConfigError."""
 import numpy as np
 import pytest
 
 from tests.harness import assert_close, random_array
+from treadle.config import override
+from treadle.errors import ScheduleConfigError
 from treadle.ir.compute import compute, reduce
 from treadle.ir.dtypes import float32
-from treadle.ir.expr import Buffer, Var, logical_and, select
+from treadle.ir.expr import Buffer, Var, logical_and, maximum, select
 from treadle.runtime.module import compile_function
-from treadle.schedule.templates.matmul_cpu import match_gemm, schedule_gemm
+from treadle.schedule.templates.matmul_cpu import (GemmConfig, match_gemm, match_gemm_output,
+                                                   schedule_gemm)
+
+# The default, small blocks with ragged edges, a 4x24 and a 1x48 register tile, split K.
+CONFIGS = [GemmConfig(), GemmConfig(12, 32, 5, 6, 16), GemmConfig(8, 48, 16, 4, 24),
+           GemmConfig(3, 96, 64, 1, 48), GemmConfig(12, 16, 8, 6, 16, split_k=2),
+           GemmConfig(6, 16, 32, 6, 16, split_k=3)]
 
 
-def build(inputs, out):
-    pattern = match_gemm(out)
+def build(inputs, out, cfg=GemmConfig()):
+    pattern = match_gemm_output(out)
     assert pattern is not None
-    return compile_function(schedule_gemm("gemm", inputs, pattern).function)
+    return compile_function(schedule_gemm("gemm", inputs, pattern, cfg).function)
+
+
+def symbolic_matmul():
+    M, N, K = Var("M"), Var("N"), Var("K")
+    a, b = Buffer("a", float32, (M, K)), Buffer("b", float32, (K, N))
+    return a, b, reduce("c", [M, N], [K], lambda i, j, r: a[i, r] * b[r, j])
 
 
 def test_roles_of_axes():
@@ -26,16 +41,64 @@ def test_roles_of_axes():
     assert match_gemm(relu) is None
 
 
-@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (7, 61, 97), (97, 7, 257), (128, 128, 128)])
-def test_matmul(m, n, k):
-    M, N, K = Var("M"), Var("N"), Var("K")
-    a, b = Buffer("a", float32, (M, K)), Buffer("b", float32, (K, N))
-    c = reduce("c", [M, N], [K], lambda i, j, r: a[i, r] * b[r, j])
-    kernel = build([a, b], c)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+def test_matmul_symbolic_sizes(cfg):
+    a, b, c = symbolic_matmul()
+    kernel = build([a, b], c, cfg)
+    for m, n, k in [(1, 1, 1), (7, 61, 97), (97, 7, 257), (128, 128, 128), (3, 5, 0)]:
+        x, y = random_array((m, k), seed=1), random_array((k, n), seed=2)
+        out = np.full((m, n), np.nan, np.float32)
+        kernel(x, y, out)
+        assert_close(out, x @ y, reduction=k, context=f"{m}x{n}x{k}")
+
+
+@pytest.mark.parametrize("cfg", CONFIGS[:2] + CONFIGS[4:5], ids=str)
+def test_matmul_prime_constant_sizes(cfg):
+    m, n, k = 2039, 23, 131
+    a, b = Buffer("a", float32, (m, k)), Buffer("b", float32, (k, n))
+    c = reduce("c", [m, n], [k], lambda i, j, r: a[i, r] * b[r, j])
     x, y = random_array((m, k), seed=1), random_array((k, n), seed=2)
     out = np.zeros((m, n), np.float32)
-    kernel(x, y, out)
+    build([a, b], c, cfg)(x, y, out)
     assert_close(out, x @ y, reduction=k)
+
+
+@pytest.mark.parametrize("cfg", [GemmConfig(), CONFIGS[4]], ids=str)
+def test_gemv_long_k(cfg):
+    a, b = Buffer("a", float32, (1, 2039)), Buffer("b", float32, (2039, 37))
+    c = reduce("c", [1, 37], [2039], lambda i, j, r: a[i, r] * b[r, j])
+    x, y = random_array((1, 2039), seed=9), random_array((2039, 37), seed=10)
+    out = np.zeros((1, 37), np.float32)
+    build([a, b], c, cfg)(x, y, out)
+    assert_close(out, x @ y, reduction=2039)
+
+
+@pytest.mark.parametrize("cfg", [GemmConfig(), CONFIGS[5]], ids=str)
+def test_fused_bias_relu_epilogue(cfg):
+    a, b, c = symbolic_matmul()
+    bias = Buffer("bias", float32, (c.shape[1],))
+    out = compute("out", c.shape, lambda i, j: maximum(c[i, j] + bias[j], 0.0))
+    kernel = build([a, b, bias], out, cfg)
+    x, y, z = random_array((13, 29), seed=1), random_array((29, 19), seed=2), random_array(19)
+    result = np.zeros((13, 19), np.float32)
+    kernel(x, y, z, result)
+    assert_close(result, np.maximum(x @ y + z, 0), reduction=29)
+
+
+@pytest.mark.parametrize("cfg, reason", [
+    (GemmConfig(micro_n=12, block_n=48), "multiple of 8"),
+    (GemmConfig(block_m=100), "multiple of the register tile"),
+    (GemmConfig(micro_m=8, micro_n=16, block_m=96), "vector registers"),
+    (GemmConfig(micro_m=3, micro_n=32, block_m=96), "vector registers"),
+    (GemmConfig(block_k=0), "positive"),
+    (GemmConfig(split_k=0), "positive"),
+    (GemmConfig(block_m=96, block_n=512, block_k=1024), "stack"),
+    (GemmConfig(block_m=384, block_n=512, block_k=16, split_k=2), "workspace"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_invalid_config_raises(cfg, reason):
+    a, b, c = symbolic_matmul()
+    with override(num_threads=2), pytest.raises(ScheduleConfigError, match=reason):
+        schedule_gemm("gemm", [a, b], match_gemm(c), cfg)
 
 
 def test_batched_matmul_with_broadcast_right_operand():
@@ -43,7 +106,7 @@ def test_batched_matmul_with_broadcast_right_operand():
     c = reduce("c", [3, 13, 11], [17], lambda t, i, j, r: a[t, i, r] * b[r, j])
     x, y = random_array((3, 13, 17), seed=3), random_array((17, 11), seed=4)
     out = np.zeros((3, 13, 11), np.float32)
-    build([a, b], c)(x, y, out)
+    build([a, b], c, CONFIGS[4])(x, y, out)
     assert_close(out, x @ y, reduction=17)
 
 
@@ -69,8 +132,9 @@ def conv_reference(x, w, stride, pad):
     return out.astype(np.float32)
 
 
-@pytest.mark.parametrize("stride, pad", [(1, 1), (2, 0), (2, 1)])
-def test_convolution_as_implicit_gemm(stride, pad):
+@pytest.mark.parametrize("stride, pad, cfg", [(1, 1, GemmConfig()), (2, 0, CONFIGS[1]),
+                                              (2, 1, CONFIGS[5])], ids=str)
+def test_convolution_as_implicit_gemm(stride, pad, cfg):
     n, ci, h, wd, co, k = 2, 3, 11, 7, 5, 3
     x, w = Buffer("x", float32, (n, ci, h, wd)), Buffer("w", float32, (co, ci, k, k))
     oh, ow = (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1
@@ -84,5 +148,5 @@ def test_convolution_as_implicit_gemm(stride, pad):
     assert [len(a) for a in (pattern.batch_axes, pattern.m_axes, pattern.n_axes)] == [0, 3, 1]
     xv, wv = random_array((n, ci, h, wd), seed=7), random_array((co, ci, k, k), seed=8)
     result = np.zeros((n, co, oh, ow), np.float32)
-    build([x, w], out)(xv, wv, result)
+    build([x, w], out, cfg)(xv, wv, result)
     assert_close(result, conv_reference(xv, wv, stride, pad), reduction=ci * k * k)

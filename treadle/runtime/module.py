@@ -23,7 +23,7 @@ from treadle.ir.dtypes import DataType
 from treadle.ir.expr import Buffer
 from treadle.ir.functor import walk
 from treadle.ir.lower import lower
-from treadle.ir.stmt import Function, Store
+from treadle.ir.stmt import Function, Module, Store
 from treadle.runtime.arguments import bind_arguments
 
 # ctypes types of scalar parameters, by dtype name.
@@ -129,15 +129,14 @@ def load(path: Path | str, functions: Sequence[Function]) -> CompiledModule:
                                           for f in functions})
 
 
-def compile_functions(functions: Sequence[Function], name: str) -> CompiledModule:
-    """Lowers, generates C for, builds and loads ``functions`` as one module."""
-    lowered = [lower(f) for f in functions]
+def compile_module(module: Module) -> CompiledModule:
+    """Lowers, generates C for, builds and loads every function of ``module``."""
+    lowered = [lower(f) for f in module.functions]
     source = generate(lowered)
-    dump_text((name, "kernel.c"), source)
-    return load(build(source, name), lowered)
-
+    dump_text((module.name, "kernel.c"), source)
+    return load(build(source, module.name), lowered)
 
 
 def compile_function(func: Function) -> CompiledFunction:
     """Compiles one kernel and returns it as a callable."""
-    return compile_functions([func], func.name)[func.name]
+    return compile_module(Module(func.name, (func,)))[func.name]

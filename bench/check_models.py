@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import os
 import pickle
-import statistics
 import sys
 import tempfile
 import time
@@ -34,11 +33,11 @@ import numpy as np
 import treadle
 from treadle.config import override
 from treadle.models import MODELS, ModelSpec, export_onnx
+from treadle.timing import IDLE_S, load_note, median_seconds, onnxruntime_session
 
 OUT = Path(__file__).resolve().parent / "out"
 MODELS_SOURCE = Path(treadle.__file__).resolve().parent / "models"
 RELATIVE_TOLERANCE = 1e-3
-IDLE_S = 0.1
 SEQUENCE_LENGTHS = {False: (1, 7, 64, 128), True: (1, 7, 16, 64)}  # by --reduced
 
 
@@ -69,31 +68,13 @@ def exported(name: str, reduced: bool, dynamic_seq: bool = False) -> ModelSpec:
     return spec
 
 
-def ort_session(path: Path, threads: int):
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def median_ms(fn, repeat: int) -> float:
-    fn()  # warm-up: first-call allocations, page faults
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    time.sleep(IDLE_S)
-    return statistics.median(times) * 1e3
-
-
 def compare(label: str, compiled, session, inputs: dict, repeat: int,
             compile_s: float) -> list[Row]:
     expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
     actual = dict(zip(compiled.output_names, compiled(**inputs)))
-    time.sleep(IDLE_S)
-    ours = median_ms(lambda: compiled(**inputs), repeat)
-    theirs = median_ms(lambda: session.run(None, inputs), repeat)
+    time.sleep(IDLE_S)  # let ONNX Runtime's spinning threads settle before timing
+    ours = median_seconds(lambda: compiled(**inputs), repeat) * 1e3
+    theirs = median_seconds(lambda: session.run(None, inputs), repeat) * 1e3
     rows = []
     for name, want in expected.items():
         got = actual.get(name)
@@ -115,14 +96,14 @@ def compile_timed(path: Path):
 def check_model(name: str, args) -> list[Row]:
     spec = exported(name, args.reduced)
     compiled, seconds = compile_timed(spec.path)
-    session = ort_session(spec.path, args.threads)
+    session = onnxruntime_session(spec.path, args.threads)
     return compare(name, compiled, session, spec.random_inputs(), args.repeat, seconds)
 
 
 def check_symbolic_bert(args) -> list[Row]:
     spec = exported("bert", args.reduced, dynamic_seq=True)
     compiled, seconds = compile_timed(spec.path)
-    session = ort_session(spec.path, args.threads)
+    session = onnxruntime_session(spec.path, args.threads)
     rows = []
     for seq in SEQUENCE_LENGTHS[args.reduced]:
         rows += compare(f"bert seq={seq} (symbolic)", compiled, session,
@@ -174,10 +155,7 @@ def main(argv=None) -> int:
                         help="skip the BERT with a symbolic sequence axis")
     args = parser.parse_args(argv)
 
-    load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
-    if load > 0.5 * cores:
-        print(f"warning: load average {load:.1f} on {cores} cores; other processes will "
-              "inflate the latencies (2-thread runs suffer most)", file=sys.stderr)
+    print(load_note(len(os.sched_getaffinity(0))), file=sys.stderr)
     with contextlib.ExitStack() as stack:
         settings = {"num_threads": args.threads}
         if not args.warm_cache:

@@ -42,7 +42,7 @@ class FakeClock:
         self.times, self.calls = times, 0
         monkeypatch.setattr(exhaustive, "measure_functions", self)
 
-    def __call__(self, functions, progress=lambda n: None):
+    def __call__(self, functions, progress=lambda n: None, labels=None):
         self.calls += 1
         assert len(functions) == len(self.times)
         progress(len(functions))

@@ -1,6 +1,7 @@
 """Measuring candidates in a child process: real timings for good kernels, and a kernel
 that crashes or hangs is marked failed while the others are still measured."""
 import logging
+import sys
 
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import reduce
@@ -41,9 +42,17 @@ def test_crashing_and_hanging_candidates_are_skipped(caplog):
     settled = []
     with caplog.at_level(logging.WARNING):
         times = measure_functions([broken("crash"), good, broken("hang"), good],
-                                  repeats=3, timeout=3, progress=settled.append)
+                                  repeats=3, timeout=3, progress=settled.append,
+                                  labels=["(crash)", "(good)", "(hang)", "(good)"])
     assert times[0] is None and times[2] is None
     assert isinstance(times[1], float) and isinstance(times[3], float)
     assert sum(settled) == 4
-    assert "candidate 0 crashed the measuring process" in caplog.text
-    assert "candidate 2 ran past 3 s" in caplog.text
+    assert "candidate 0 (crash) crashed the measuring process" in caplog.text
+    assert "candidate 2 (hang) ran past 3 s" in caplog.text
+
+
+def test_a_child_that_cannot_start_fails_every_candidate(monkeypatch, caplog):
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    with caplog.at_level(logging.WARNING):
+        assert measure_functions([gemm(GemmConfig())], repeats=3) == [None]
+    assert "failed to start" in caplog.text

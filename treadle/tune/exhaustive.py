@@ -71,12 +71,35 @@ def _measure(name: str, candidates: list[tuple[GemmConfig, Function]]
     for _, function in candidates:
         unique.setdefault(replace(function, name=""), len(unique))
     functions = list(unique)
+    labels = {}
+    for cfg, function in candidates:
+        labels.setdefault(unique[replace(function, name="")], f"of {name} ({cfg})")
     with _progress(len(functions), name) as bar:
-        seconds = measure_functions(functions, progress=bar.update)
+        seconds = measure_functions(functions, progress=bar.update,
+                                    labels=[labels[k] for k in range(len(functions))])
     return [(cfg, seconds[unique[replace(function, name="")]]) for cfg, function in candidates]
 
 
 def _progress(total: int, name: str):
-    from tqdm import tqdm
-    quiet = not sys.stderr.isatty() or "PYTEST_CURRENT_TEST" in os.environ
-    return tqdm(total=total, desc=f"tuning {name}", unit="config", disable=quiet, leave=False)
+    """A tqdm bar on a terminal (tqdm is optional); otherwise a silent stand-in."""
+    if sys.stderr.isatty() and "PYTEST_CURRENT_TEST" not in os.environ:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            pass
+        else:
+            return tqdm(total=total, desc=f"tuning {name}", unit="config", leave=False)
+    return _Silent()
+
+
+class _Silent:
+    """What the tuner uses of a tqdm bar, doing nothing."""
+
+    def __enter__(self) -> "_Silent":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def update(self, n: int = 1) -> None:
+        return None

@@ -48,10 +48,12 @@ ROUNDS = 3            # timing rounds, interleaved across candidates
 
 def measure_functions(functions: Sequence[Function], *, symbol_size: int = SYMBOL_SIZE,
                       repeats: int = REPEATS, timeout: float = TIMEOUT_S,
-                      progress: Callable[[int], object] = lambda n: None
-                      ) -> list[float | None]:
+                      progress: Callable[[int], object] = lambda n: None,
+                      labels: Sequence[str] | None = None) -> list[float | None]:
     """Median seconds per call of each function (None where it failed to build, crashed or
-    timed out); ``progress(n)`` is called as n more candidates are settled."""
+    timed out); ``progress(n)`` is called as n more candidates are settled; ``labels``
+    name the candidates in warnings."""
+    labels = list(labels) if labels is not None else [""] * len(functions)
     named = [_renamed(f, f"candidate{k}") for k, f in enumerate(functions)]
     env = {v: symbol_size for f in named for v in _symbols(f)}
     libraries = _build(named)
@@ -65,7 +67,11 @@ def measure_functions(functions: Sequence[Function], *, symbol_size: int = SYMBO
                 "candidates": [(k, str(libraries[k]), named[k]) for k in todo],
                 "env": env, "repeats": repeats, "threads": config.num_threads,
                 "budget": TIME_BUDGET_S}))
-            done = _run_child(job, results, timeout)
+            done = _run_child(job, results, timeout, labels)
+            if not done:  # the child died before reaching any candidate
+                log.warning("tuning: the measuring process failed to start; %d candidates "
+                            "left unmeasured", len(todo))
+                break
             progress(len(done))
             todo = [k for k in todo if k not in done]
     return results
@@ -100,15 +106,13 @@ def _build(functions: Sequence[Function]) -> list[Path | None]:
     return [paths[k // FUNCTIONS_PER_OBJECT] for k in range(len(functions))]
 
 
-def _run_child(job: Path, results: list, timeout: float) -> set[int]:
+def _run_child(job: Path, results: list, timeout: float, labels: Sequence[str]) -> set[int]:
     """Runs one child on ``job``; returns the candidates it finished or that failed."""
     child = subprocess.Popen([sys.executable, "-m", "treadle.tune.measure", str(job)],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                              env=_child_environment())
     lines: queue.Queue = queue.Queue()
-    reader = threading.Thread(target=lambda: [lines.put(l) for l in child.stdout] + [lines.put(None)],
-                              daemon=True)
-    reader.start()
+    threading.Thread(target=_forward_lines, args=(child.stdout, lines), daemon=True).start()
     done: set[int] = set()
     current = None
     try:
@@ -116,12 +120,14 @@ def _run_child(job: Path, results: list, timeout: float) -> set[int]:
             try:
                 line = lines.get(timeout=timeout)
             except queue.Empty:
-                log.warning("tuning: candidate %s ran past %.0f s; skipped", current, timeout)
+                log.warning("tuning: candidate %s %s ran past %.0f s; skipped", current,
+                            labels[current] if current is not None else "", timeout)
                 break
             if line is None:
                 if current is not None:
-                    log.warning("tuning: candidate %s crashed the measuring process (exit "
-                                "status %s); skipped", current, child.wait())
+                    log.warning("tuning: candidate %s %s crashed the measuring process "
+                                "(exit status %s); skipped", current, labels[current],
+                                child.wait())
                 break
             word, index, *rest = line.split()
             current = int(index)
@@ -132,7 +138,8 @@ def _run_child(job: Path, results: list, timeout: float) -> set[int]:
             elif word == "ok":
                 current = None
             elif word == "error":
-                log.warning("tuning: candidate %s failed: %s", current, " ".join(rest))
+                log.warning("tuning: candidate %s %s failed: %s", current, labels[current],
+                            " ".join(rest))
                 done.add(current)
                 current = None
     finally:
@@ -142,6 +149,13 @@ def _run_child(job: Path, results: list, timeout: float) -> set[int]:
     if current is not None:
         done.add(current)
     return done
+
+
+def _forward_lines(stream, lines: queue.Queue) -> None:
+    """Puts each line of ``stream`` on ``lines``, then None at its end."""
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
 
 
 def _child_environment() -> dict[str, str]:

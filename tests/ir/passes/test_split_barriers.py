@@ -7,7 +7,7 @@ from treadle.ir.builder import FunctionBuilder
 from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Var
 from treadle.ir.passes.split_barriers import split_barriers
-from treadle.ir.stmt import DeclBuffer, For, Let, Seq, Store
+from treadle.ir.stmt import DeclBuffer, For, Seq, Store
 
 
 def test_worker_loop_splits_at_barrier():

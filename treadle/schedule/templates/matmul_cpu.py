@@ -31,7 +31,7 @@ from treadle.errors import ScheduleConfigError
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, producer_of
 from treadle.ir.dtypes import float32, float32x8
-from treadle.ir.expr import (Binary, Buffer, Cast, Expr, Load, Var, broadcast, call, ceil_div,
+from treadle.ir.expr import (Binary, Buffer, Cast, Const, Expr, Load, Var, broadcast, call, ceil_div,
                              eq, maximum, minimum, select)
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.mapping import repeat, spatial, unravel
@@ -121,8 +121,13 @@ def _loads_only_inputs(e: Expr) -> bool:
     return all(producer_of(n.buffer) is None for n in walk(e) if isinstance(n, Load))
 
 
-def _extents(c: Compute, axes: Sequence[Var]) -> list[Expr]:
-    return [c.shape[c.axes.index(a)] for a in axes]
+def _extents(c: Compute, axes: Sequence[Var]) -> list[Expr | int]:
+    return [_static(c.shape[c.axes.index(a)]) for a in axes]
+
+
+def _static(e: Expr) -> Expr | int:
+    """A constant extent as a Python int, so that block sizes can be clamped to it."""
+    return e.value if isinstance(e, Const) else e
 
 
 def _product(values: Sequence) -> Expr | int:
@@ -199,6 +204,7 @@ class _Gemm:
 def _clamped(cfg: GemmConfig, M, N, K) -> GemmConfig:
     """Blocks no larger than the constant sizes they tile (no padded work on small dims)."""
     if isinstance(M, int):
+        cfg = replace(cfg, micro_m=max(1, min(cfg.micro_m, M)))
         cfg = replace(cfg, block_m=min(cfg.block_m, _round_up(M, cfg.micro_m)))
     if isinstance(N, int):
         cfg = replace(cfg, block_n=min(cfg.block_n, _round_up(N, cfg.micro_n)))
@@ -207,15 +213,40 @@ def _clamped(cfg: GemmConfig, M, N, K) -> GemmConfig:
     return cfg
 
 
+def _balanced(cfg: GemmConfig, batch, M, N, workers: int) -> GemmConfig:
+    """For constant sizes, blocks no larger than the config's that split M and N evenly and
+    keep ``workers`` equally busy: the most useful work per padded, packed tile slot.
+
+    A packed element costs about as much time as 2 (B) to 12 (A: scalar, strided)
+    multiply-adds; it is reused block_m (B) or block_n (A) times, hence the overhead term."""
+    if not all(isinstance(v, int) and v > 0 for v in (batch, M, N)):
+        return cfg
+    mr, nr = cfg.micro_m, cfg.micro_n
+    tiles_m, tiles_n = ceil_div(M, cfg.block_m), ceil_div(N, cfg.block_n)
+
+    def score(tm: int, tn: int) -> tuple[float, int, int]:
+        bm, bn = _round_up(ceil_div(M, tm), mr), _round_up(ceil_div(N, tn), nr)
+        tiles = batch * ceil_div(M, bm) * ceil_div(N, bn)
+        slots = ceil_div(tiles, workers) * workers * bm * bn
+        return batch * M * N / slots / (1 + 12 / bn + 2 / bm), bm, bn
+
+    candidates = [score(tm, tn) for tm in range(tiles_m, tiles_m + 2 * workers + 1)
+                  for tn in range(tiles_n, tiles_n + 2 * workers + 1)]
+    _, bm, bn = max(candidates, key=lambda c: c[0])
+    return replace(cfg, block_m=bm, block_n=bn)
+
+
 def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPattern,
                   cfg: GemmConfig = GemmConfig()) -> Kernel:
     threads = config.num_threads
     check_config(cfg, threads)
     c = pattern.compute
     extents = {"batch": _extents(c, pattern.batch_axes), "m": _extents(c, pattern.m_axes),
-               "n": _extents(c, pattern.n_axes), "k": list(c.reduce_extents)}
+               "n": _extents(c, pattern.n_axes), "k": [_static(e) for e in c.reduce_extents]}
     sizes = [_product(extents[r]) for r in ("m", "n", "k")]
-    gemm = _Gemm(pattern, extents, _clamped(cfg, *sizes))
+    workers = threads if cfg.split_k == 1 else _groups(cfg, threads)
+    clamped = _balanced(_clamped(cfg, *sizes), _product(extents["batch"]), *sizes[:2], workers)
+    gemm = _Gemm(pattern, extents, clamped)
     with FunctionBuilder(name) as fb:
         sources = [pattern.left, pattern.right]
         if pattern.epilogue is not None:
@@ -311,14 +342,65 @@ def _store(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, tile: _Tile, m: dict, 
 def _accumulate(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, acc: Buffer, slot: tuple,
                 k_begin, k_len) -> None:
     """acc[slot + (i, j)] = the tile's products summed over K positions
-    [k_begin, k_begin + k_len), one K block of packed panels at a time."""
+    [k_begin, k_begin + k_len), one K block of packed panels at a time.
+
+    A factor that only one register tile reads per K block (the macro-tile is a single
+    micro-panel wide in the other factor's direction: GEMV, tall-skinny shapes) is read in
+    place instead, as packing it would cost as much as the products."""
     cfg = gemm.cfg
+    mr, nr = cfg.micro_m, cfg.micro_n
+    direct_left = cfg.block_n == nr
+    direct_right = cfg.block_m == mr and _right_vector(gemm, {}) is not None
     for kb in fb.range(_max(ceil_div(k_len, cfg.block_k), 1), name="kb"):
         k0 = fb.let("k0", k_begin + kb * cfg.block_k)
         depth = fb.let("depth", _max(_min(cfg.block_k, k_len - kb * cfg.block_k), 0))
-        a_pack = _pack_left(fb, gemm, tile, k0, depth)
-        b_pack = _pack_right(fb, gemm, tile, k0, depth)
-        _micro_kernels(fb, gemm.cfg, tile, a_pack, b_pack, acc, slot, eq(kb, 0), depth)
+        a_pack = None if direct_left else _pack_left(fb, gemm, tile, k0, depth)
+        b_pack = _pack_right(fb, gemm, tile, k0, depth, ragged_only=direct_right)
+        for q in fb.range(ceil_div(tile.cols, nr), name="q"):
+            for p in fb.range(ceil_div(tile.rows, mr), name="p"):
+                def step(kk, packed_right: bool):
+                    k = gemm.coords(fb, "k", k0 + kk) if direct_left or direct_right else {}
+                    if direct_left:
+                        def a_of(r):
+                            # Rows past the edge repeat the last row; their sums are
+                            # never stored.
+                            row = _min(tile.row0 + p * mr + r, gemm.size("m") - 1)
+                            m = dict(zip(gemm.pattern.m_axes, unravel(row, gemm.extents["m"])))
+                            return _f32(substitute(gemm.pattern.left, {**tile.batch, **m, **k}))
+                    else:
+                        def a_of(r):
+                            return a_pack[p, kk, r]
+                    if packed_right:
+                        def b_of(v):
+                            return b_pack.vload((0 if direct_right else q, kk, v * LANES), LANES)
+                    else:
+                        def b_of(v):
+                            col = tile.col0 + q * nr + v * LANES
+                            return _right_vector(gemm, {**tile.batch, **k}, col)
+                    return a_of, b_of
+
+                tile_args = (fb, cfg, acc, slot + (p * mr, q * nr), eq(kb, 0), depth)
+                if direct_right:
+                    with fb.if_(q * nr + nr <= tile.cols):
+                        _register_tile(*tile_args, lambda kk: step(kk, packed_right=False))
+                    with fb.else_():
+                        _register_tile(*tile_args, lambda kk: step(kk, packed_right=True))
+                else:
+                    _register_tile(*tile_args, lambda kk: step(kk, packed_right=True))
+
+
+def _right_vector(gemm: _Gemm, coords: dict, col=None) -> Expr | None:
+    """LANES consecutive columns of the right factor as one vector load, where it is a
+    load whose last index is the (only) N axis; None otherwise."""
+    right, n_axes = gemm.pattern.right, gemm.pattern.n_axes
+    if not (isinstance(right, Load) and right.lanes == 1 and len(n_axes) == 1
+            and right.indices[-1] == n_axes[0]
+            and all(n_axes[0] not in free_vars(i) for i in right.indices[:-1])):
+        return None
+    if col is None:
+        return right
+    indices = tuple(substitute(i, coords) for i in right.indices[:-1]) + (col,)
+    return Load(right.buffer, indices, LANES)
 
 
 def _f32(e: Expr) -> Expr:
@@ -343,50 +425,55 @@ def _pack_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, k0, depth) -> Buff
     return a_pack
 
 
-def _pack_right(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, k0, depth) -> Buffer:
+def _pack_right(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, k0, depth,
+                ragged_only: bool) -> Buffer:
     """b_pack[p, kk, c] = right(k0 + kk, col0 + p * micro_n + c), zero past the last
-    column; whole micro-panels take the branch without bounds checks."""
+    column; whole micro-panels take the branch without bounds checks. With
+    ``ragged_only``, just the last micro-panel, if ragged, into b_pack[0]."""
     cfg, nr = gemm.cfg, gemm.cfg.micro_n
-    b_pack = fb.buffer("b_pack", float32, [cfg.block_n // nr, cfg.block_k, nr])
+    panels = 1 if ragged_only else cfg.block_n // nr
+    b_pack = fb.buffer("b_pack", float32, [panels, cfg.block_k, nr])
 
-    def fill(p, checked: bool) -> None:
+    def fill(p, slot, checked: bool) -> None:
         for kk in fb.range(depth, name="kk"):
             k = gemm.coords(fb, "k", k0 + kk)
             for (col,) in repeat(nr).on(0):
                 n = dict(zip(gemm.pattern.n_axes,
                              unravel(tile.col0 + p * nr + col, gemm.extents["n"])))
                 value = _f32(substitute(gemm.pattern.right, {**tile.batch, **n, **k}))
-                b_pack[p, kk, col] = (select(p * nr + col < tile.cols, value, 0.0)
-                                      if checked else value)
+                b_pack[slot, kk, col] = (select(p * nr + col < tile.cols, value, 0.0)
+                                         if checked else value)
 
+    if ragged_only:
+        with fb.if_(tile.cols % nr != 0):
+            fill(tile.cols // nr, 0, checked=True)
+        return b_pack
     for p in fb.range(ceil_div(tile.cols, nr), name="p"):
         with fb.if_(p * nr + nr <= tile.cols):
-            fill(p, checked=False)
+            fill(p, p, checked=False)
         with fb.else_():
-            fill(p, checked=True)
+            fill(p, p, checked=True)
     return b_pack
 
 
-def _micro_kernels(fb: FunctionBuilder, cfg: GemmConfig, tile: _Tile, a_pack: Buffer,
-                   b_pack: Buffer, acc: Buffer, slot: tuple, first, depth) -> None:
-    """Register tiles over the packed panels, B micro-panels outer so that one stays in
-    L1 while the A micro-panels stream past it."""
-    mr, nr = cfg.micro_m, cfg.micro_n
-    vectors = nr // LANES
+def _register_tile(fb: FunctionBuilder, cfg: GemmConfig, acc: Buffer, origin: tuple, first,
+                   depth, step) -> None:
+    """acc[origin + (r, c)] (+)= the sum over kk < depth of a(r) * b(c), in a fully unrolled
+    micro_m x micro_n tile of vector registers; ``step(kk)`` gives the operand readers
+    ``a_of(r)`` (a scalar) and ``b_of(v)`` (the v-th vector of the row of B)."""
+    mr, vectors = cfg.micro_m, cfg.micro_n // LANES
     registers = repeat(mr, vectors, kind="unroll")
-    for q in fb.range(ceil_div(tile.cols, nr), name="q"):
-        for p in fb.range(ceil_div(tile.rows, mr), name="p"):
-            regs = fb.buffer("regs", float32x8, [mr, vectors])
-            with fb.if_(first):
-                for r, v in registers.on(0):
-                    regs[r, v] = broadcast(0.0, LANES)
-            with fb.else_():
-                for r, v in registers.on(0):
-                    regs[r, v] = acc.vload(slot + (p * mr + r, q * nr + v * LANES), LANES)
-            for kk in fb.range(depth, name="kk"):
-                for r, v in registers.on(0):
-                    a = broadcast(a_pack[p, kk, r], LANES)
-                    b = b_pack.vload((q, kk, v * LANES), LANES)
-                    regs[r, v] = call("fma", a, b, regs[r, v])
-            for r, v in registers.on(0):
-                acc[slot + (p * mr + r, q * nr + v * LANES)] = regs[r, v]
+    *slot, row, col = origin
+    regs = fb.buffer("regs", float32x8, [mr, vectors])
+    with fb.if_(first):
+        for r, v in registers.on(0):
+            regs[r, v] = broadcast(0.0, LANES)
+    with fb.else_():
+        for r, v in registers.on(0):
+            regs[r, v] = acc.vload((*slot, row + r, col + v * LANES), LANES)
+    for kk in fb.range(depth, name="kk"):
+        a_of, b_of = step(kk)
+        for r, v in registers.on(0):
+            regs[r, v] = call("fma", broadcast(a_of(r), LANES), b_of(v), regs[r, v])
+    for r, v in registers.on(0):
+        acc[(*slot, row + r, col + v * LANES)] = regs[r, v]

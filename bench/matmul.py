@@ -31,6 +31,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
+from treadle.timing import load_note, median_seconds, onnxruntime_session  # noqa: E402
+
 OUT = Path(__file__).resolve().parent / "out"
 IDLE_GAP_S = 0.25
 SWEEP = range(2030, 2049)
@@ -82,20 +84,8 @@ def onnx_matmul(shape: Shape, b: np.ndarray):
     return model
 
 
-def median_seconds(fn, repeat: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def systems(shape: Shape, a: np.ndarray, b: np.ndarray, level: int):
     """(name, callable) per system, and treadle's compile-and-tune seconds."""
-    import onnxruntime as ort
     import torch
     import treadle
     torch.set_num_threads(THREADS)
@@ -103,11 +93,7 @@ def systems(shape: Shape, a: np.ndarray, b: np.ndarray, level: int):
     start = time.perf_counter()
     compiled = treadle.compile(model, tune=level)
     tune_s = time.perf_counter() - start
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = THREADS
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    session = onnxruntime_session(model.SerializeToString(), THREADS)
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     runs = [("treadle", lambda: compiled(a)),
             ("torch", lambda: torch.matmul(ta, tb)),
@@ -129,7 +115,7 @@ def bench_shape(shape: Shape, level: int, repeat: int) -> tuple[dict[str, float]
     gflops = {}
     for name, fn in runs:
         time.sleep(IDLE_GAP_S)
-        gflops[name] = shape.flops / median_seconds(fn, repeat) / 1e9
+        gflops[name] = shape.flops / median_seconds(fn, repeat, warmup=3) / 1e9
     return gflops, tune_s
 
 
@@ -140,22 +126,19 @@ def report(shape: Shape, gflops: dict[str, float], tune_s: float) -> None:
 
 
 def warn_if_busy() -> None:
-    load = os.getloadavg()[0]
-    cores = len(os.sched_getaffinity(0))
-    print(f"load average {load:.2f} on {cores} cores, {THREADS} threads per system")
-    if load > 0.5:
-        print(f"warning: the machine is busy (load {load:.2f}); timings will be noisy",
-              file=sys.stderr)
+    print(f"{load_note(len(os.sched_getaffinity(0)))}, {THREADS} threads per system")
 
 
 def plot_sweep(rows: list[tuple[int, dict[str, float]]], level: int) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
     fig, ax = plt.subplots(figsize=(8, 4.5))
     sizes = [size for size, _ in rows]
     for name in rows[0][1]:
         ax.plot(sizes, [g[name] for _, g in rows], marker="o", label=name)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("M = N = K")
     ax.set_ylabel("GFLOP/s")
     ax.set_title(f"float32 matmul, {THREADS} threads (treadle tune={level})")

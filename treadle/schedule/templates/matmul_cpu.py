@@ -15,7 +15,10 @@ the last micro-panel of a ragged edge is zero-padded (local padding), so the
 micro-kernel never checks bounds. The micro-kernel is a fully unrolled register tile of
 AVX2 fused multiply-adds; it starts from zero in the first K block and from the
 accumulator after that, in BLIS order (micro-panels of B outer, of A inner). Blocks are
-clamped to the problem's constant sizes, so a small M, N or K costs no padded work.
+clamped to the problem's constant sizes, so a small M, N or K costs no padded work, and
+shrunk to split M and N evenly over the threads (``_balanced``). A factor that only one
+register tile would read (M or N within one micro-tile: GEMV, tall-skinny) is read in
+place instead of packed; an in-place right factor is streamed in short K blocks.
 
 ``split_k`` > 1 (small M x N, long K): the workers of ``spatial(groups, split_k)`` each
 accumulate one K part of a macro-tile into a shared workspace; a second parallel loop
@@ -31,8 +34,8 @@ from treadle.errors import ScheduleConfigError
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, producer_of
 from treadle.ir.dtypes import float32, float32x8
-from treadle.ir.expr import (Binary, Buffer, Cast, Const, Expr, Load, Var, broadcast, call, ceil_div,
-                             eq, maximum, minimum, select)
+from treadle.ir.expr import (Binary, Buffer, Cast, Const, Expr, Load, Var, broadcast, call,
+                             ceil_div, eq, maximum, minimum, select)
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.mapping import repeat, spatial, unravel
 from treadle.schedule.rules import Inliner, Kernel, canonical_kernel, reachable
@@ -46,7 +49,7 @@ STACK_BYTES = 1 << 20  # the packed panels and accumulator live on a thread's st
 class GemmConfig:
     """One point of the schedule space: macro-tile (block_*), register tile (micro_*), and
     how many parts the K loop is split into (split_k, for small M x N)."""
-    block_m: int = 96
+    block_m: int = 192
     block_n: int = 256
     block_k: int = 256
     micro_m: int = 6
@@ -154,7 +157,14 @@ def check_config(cfg: GemmConfig, threads: int) -> None:
     if needed > host().vector_registers:
         raise ScheduleConfigError(f"register tile {cfg.micro_m}x{cfg.micro_n} needs {needed} "
                                   f"vector registers, the target has {host().vector_registers}")
-    floats = cfg.block_k * (cfg.block_m + cfg.block_n) + cfg.block_m * cfg.block_n
+
+
+def _check_stack(gemm: _Gemm, threads: int) -> None:
+    """The config, clamped to the problem, must fit its buffers on the stack."""
+    cfg, (left_in_place, right_in_place) = gemm.cfg, _in_place(gemm)
+    a_floats = 0 if left_in_place else cfg.block_m * cfg.block_k
+    b_floats = (cfg.micro_n if right_in_place else cfg.block_n) * cfg.block_k
+    floats = a_floats + b_floats + cfg.block_m * cfg.block_n
     if 4 * floats > STACK_BYTES:
         raise ScheduleConfigError(f"panels and accumulator of {cfg} need {4 * floats} bytes "
                                   f"of stack, more than {STACK_BYTES}")
@@ -213,12 +223,27 @@ def _clamped(cfg: GemmConfig, M, N, K) -> GemmConfig:
     return cfg
 
 
+# A right factor read in place (one micro-panel of rows: GEMV, decoding) streams from
+# memory; short K blocks over wide column blocks walk few rows at a time, each over a
+# long contiguous stretch, which the hardware prefetcher follows (3x faster than 256 x 256
+# on a 1 x 4096 x 4096 GEMV).
+STREAM_BLOCK_K = 8
+STREAM_BLOCK_N = 1024
+
+
+def _streaming(cfg: GemmConfig, M, N, K) -> GemmConfig:
+    block_n = max(cfg.block_n, _round_up(STREAM_BLOCK_N, cfg.micro_n))
+    return _clamped(replace(cfg, block_k=min(cfg.block_k, STREAM_BLOCK_K), block_n=block_n),
+                    M, N, K)
+
+
 def _balanced(cfg: GemmConfig, batch, M, N, workers: int) -> GemmConfig:
     """For constant sizes, blocks no larger than the config's that split M and N evenly and
     keep ``workers`` equally busy: the most useful work per padded, packed tile slot.
 
-    A packed element costs about as much time as 2 (B) to 12 (A: scalar, strided)
-    multiply-adds; it is reused block_m (B) or block_n (A) times, hence the overhead term."""
+    A packed element costs about as much time as 8 (B) to 12 (A) multiply-adds (measured
+    on 1024^3: larger blocks win over evener ones); it is reused block_m (B) or block_n
+    (A) times, hence the overhead term."""
     if not all(isinstance(v, int) and v > 0 for v in (batch, M, N)):
         return cfg
     mr, nr = cfg.micro_m, cfg.micro_n
@@ -228,7 +253,7 @@ def _balanced(cfg: GemmConfig, batch, M, N, workers: int) -> GemmConfig:
         bm, bn = _round_up(ceil_div(M, tm), mr), _round_up(ceil_div(N, tn), nr)
         tiles = batch * ceil_div(M, bm) * ceil_div(N, bn)
         slots = ceil_div(tiles, workers) * workers * bm * bn
-        return batch * M * N / slots / (1 + 12 / bn + 2 / bm), bm, bn
+        return batch * M * N / slots / (1 + 12 / bn + 8 / bm), bm, bn
 
     candidates = [score(tm, tn) for tm in range(tiles_m, tiles_m + 2 * workers + 1)
                   for tn in range(tiles_n, tiles_n + 2 * workers + 1)]
@@ -245,8 +270,12 @@ def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPatte
                "n": _extents(c, pattern.n_axes), "k": [_static(e) for e in c.reduce_extents]}
     sizes = [_product(extents[r]) for r in ("m", "n", "k")]
     workers = threads if cfg.split_k == 1 else _groups(cfg, threads)
-    clamped = _balanced(_clamped(cfg, *sizes), _product(extents["batch"]), *sizes[:2], workers)
+    clamped = _clamped(cfg, *sizes)
+    if _in_place(_Gemm(pattern, extents, clamped))[1]:
+        clamped = _streaming(clamped, *sizes)
+    clamped = _balanced(clamped, _product(extents["batch"]), *sizes[:2], workers)
     gemm = _Gemm(pattern, extents, clamped)
+    _check_stack(gemm, threads)
     with FunctionBuilder(name) as fb:
         sources = [pattern.left, pattern.right]
         if pattern.epilogue is not None:
@@ -349,49 +378,74 @@ def _accumulate(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, acc: Buffer, slot
     place instead, as packing it would cost as much as the products."""
     cfg = gemm.cfg
     mr, nr = cfg.micro_m, cfg.micro_n
-    direct_left = cfg.block_n == nr
-    direct_right = cfg.block_m == mr and _right_vector(gemm, {}) is not None
+    left_in_place, right_in_place = _in_place(gemm)
     for kb in fb.range(_max(ceil_div(k_len, cfg.block_k), 1), name="kb"):
         k0 = fb.let("k0", k_begin + kb * cfg.block_k)
         depth = fb.let("depth", _max(_min(cfg.block_k, k_len - kb * cfg.block_k), 0))
-        a_pack = None if direct_left else _pack_left(fb, gemm, tile, k0, depth)
-        b_pack = _pack_right(fb, gemm, tile, k0, depth, ragged_only=direct_right)
+        a_pack = None if left_in_place else _pack_left(fb, gemm, tile, k0, depth)
+        # In place, the right factor's ragged last micro-panel still needs zero padding.
+        b_pack = _pack_right(fb, gemm, tile, k0, depth, ragged_only=right_in_place)
+        packed = _Operands(gemm, tile, k0, a_pack, b_pack, 0 if right_in_place else None)
+        in_place = replace(packed, b_pack=None)
         for q in fb.range(ceil_div(tile.cols, nr), name="q"):
             for p in fb.range(ceil_div(tile.rows, mr), name="p"):
-                def step(kk, packed_right: bool):
-                    k = gemm.coords(fb, "k", k0 + kk) if direct_left or direct_right else {}
-                    if direct_left:
-                        def a_of(r):
-                            # Rows past the edge repeat the last row; their sums are
-                            # never stored.
-                            row = _min(tile.row0 + p * mr + r, gemm.size("m") - 1)
-                            m = dict(zip(gemm.pattern.m_axes, unravel(row, gemm.extents["m"])))
-                            return _f32(substitute(gemm.pattern.left, {**tile.batch, **m, **k}))
-                    else:
-                        def a_of(r):
-                            return a_pack[p, kk, r]
-                    if packed_right:
-                        def b_of(v):
-                            return b_pack.vload((0 if direct_right else q, kk, v * LANES), LANES)
-                    else:
-                        def b_of(v):
-                            col = tile.col0 + q * nr + v * LANES
-                            return _right_vector(gemm, {**tile.batch, **k}, col)
-                    return a_of, b_of
-
-                tile_args = (fb, cfg, acc, slot + (p * mr, q * nr), eq(kb, 0), depth)
-                if direct_right:
+                args = (fb, cfg, acc, slot + (p * mr, q * nr), eq(kb, 0), depth)
+                if right_in_place:
                     with fb.if_(q * nr + nr <= tile.cols):
-                        _register_tile(*tile_args, lambda kk: step(kk, packed_right=False))
+                        _register_tile(*args, in_place.reader(fb, p, q))
                     with fb.else_():
-                        _register_tile(*tile_args, lambda kk: step(kk, packed_right=True))
+                        _register_tile(*args, packed.reader(fb, p, q))
                 else:
-                    _register_tile(*tile_args, lambda kk: step(kk, packed_right=True))
+                    _register_tile(*args, packed.reader(fb, p, q))
 
 
-def _right_vector(gemm: _Gemm, coords: dict, col=None) -> Expr | None:
-    """LANES consecutive columns of the right factor as one vector load, where it is a
-    load whose last index is the (only) N axis; None otherwise."""
+def _in_place(gemm: _Gemm) -> tuple[bool, bool]:
+    """Whether the left and the right factor are read in place (see _accumulate)."""
+    cfg = gemm.cfg
+    return (cfg.block_n == cfg.micro_n,
+            cfg.block_m == cfg.micro_m and _right_vector(gemm, {}, None) is not None)
+
+
+@dataclass(frozen=True)
+class _Operands:
+    """Where register tile (p, q) reads its factors in one K block: the packed panels, or
+    the factor itself where its panel is None."""
+    gemm: _Gemm
+    tile: _Tile
+    k0: Expr
+    a_pack: Buffer | None
+    b_pack: Buffer | None
+    b_panel: int | None  # the one micro-panel b_pack holds, or None for all of them
+
+    def reader(self, fb: FunctionBuilder, p, q):
+        """``step(kk)`` -> (a_of(r), b_of(v)) for _register_tile."""
+        def step(kk):
+            in_place = self.a_pack is None or self.b_pack is None
+            k = self.gemm.coords(fb, "k", self.k0 + kk) if in_place else {}
+            return (lambda r: self._left(p, kk, k, r)), (lambda v: self._right(q, kk, k, v))
+        return step
+
+    def _left(self, p, kk, k: dict, r) -> Expr:
+        if self.a_pack is not None:
+            return self.a_pack[p, kk, r]
+        gemm, mr = self.gemm, self.gemm.cfg.micro_m
+        # Rows past the edge repeat the last row; their sums are never stored.
+        row = _min(self.tile.row0 + p * mr + r, gemm.size("m") - 1)
+        m = dict(zip(gemm.pattern.m_axes, unravel(row, gemm.extents["m"])))
+        return _f32(substitute(gemm.pattern.left, {**self.tile.batch, **m, **k}))
+
+    def _right(self, q, kk, k: dict, v) -> Expr:
+        if self.b_pack is not None:
+            panel = q if self.b_panel is None else self.b_panel
+            return self.b_pack.vload((panel, kk, v * LANES), LANES)
+        col = self.tile.col0 + q * self.gemm.cfg.micro_n + v * LANES
+        return _right_vector(self.gemm, {**self.tile.batch, **k}, col)
+
+
+def _right_vector(gemm: _Gemm, coords: dict, col) -> Expr | None:
+    """LANES consecutive columns of the right factor from ``col`` as one vector load, where
+    it is a load whose last index is the (only) N axis; None otherwise (with col None:
+    whether it is such a load)."""
     right, n_axes = gemm.pattern.right, gemm.pattern.n_axes
     if not (isinstance(right, Load) and right.lanes == 1 and len(n_axes) == 1
             and right.indices[-1] == n_axes[0]
@@ -412,17 +466,32 @@ def _pack_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, k0, depth) -> Buff
     cfg, mr = gemm.cfg, gemm.cfg.micro_m
     a_pack = fb.buffer("a_pack", float32, [cfg.block_m // mr, cfg.block_k, mr])
     for p in fb.range(ceil_div(tile.rows, mr), name="p"):
-        for r in fb.range(mr, name="r"):
-            with fb.if_(p * mr + r < tile.rows):
-                m = gemm.coords(fb, "m", tile.row0 + p * mr + r)
-                for kk in fb.range(depth, name="kk"):
-                    k = gemm.coords(fb, "k", k0 + kk)
+        with fb.if_(p * mr + mr <= tile.rows):
+            # A whole micro-panel: walk K once, writing the packed panel linearly.
+            rows = [gemm.coords(fb, "m", tile.row0 + p * mr + r) for r in range(mr)]
+            for kk in fb.range(depth, name="kk"):
+                k = gemm.coords(fb, "k", k0 + kk)
+                for r in range(mr):
                     a_pack[p, kk, r] = _f32(substitute(gemm.pattern.left,
-                                                       {**tile.batch, **m, **k}))
-            with fb.else_():
-                for kk in fb.range(depth, name="kk"):
-                    a_pack[p, kk, r] = 0.0
+                                                       {**tile.batch, **rows[r], **k}))
+        with fb.else_():
+            _pack_ragged_left(fb, gemm, tile, k0, depth, a_pack, p)
     return a_pack
+
+
+def _pack_ragged_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, k0, depth,
+                      a_pack: Buffer, p) -> None:
+    """The last micro-panel of a ragged edge, row by row, zero past the last row."""
+    mr = gemm.cfg.micro_m
+    for r in fb.range(mr, name="r"):
+        with fb.if_(p * mr + r < tile.rows):
+            m = gemm.coords(fb, "m", tile.row0 + p * mr + r)
+            for kk in fb.range(depth, name="kk"):
+                k = gemm.coords(fb, "k", k0 + kk)
+                a_pack[p, kk, r] = _f32(substitute(gemm.pattern.left, {**tile.batch, **m, **k}))
+        with fb.else_():
+            for kk in fb.range(depth, name="kk"):
+                a_pack[p, kk, r] = 0.0
 
 
 def _pack_right(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, k0, depth,

@@ -13,7 +13,7 @@ import treadle
 from tests.frontend.onnx_models import affine_model, run_onnxruntime
 from tests.harness import assert_close, random_array
 from treadle.config import override
-from treadle.errors import ArgumentError, CompileError, ModelError
+from treadle.errors import ArgumentError, CompileError, ModelError, ShapeError
 from treadle.graph.graph import Graph
 from treadle.graph.operator import apply
 from treadle.graph.tensor import Tensor
@@ -147,3 +147,13 @@ def test_damaged_saves_fail_to_load_with_a_clear_error(compiled, tmp_path, damag
 def test_loading_a_missing_directory_is_a_model_error(tmp_path):
     with pytest.raises(ModelError, match="not a saved treadle model"):
         treadle.load(tmp_path / "nowhere")
+
+
+def test_fixing_input_shapes_makes_the_model_static():
+    from treadle import ops
+    x = ops.input("x", "float32", ["batch", 4])
+    model = treadle.compile(ops.graph([x], [ops.relu(x)]), shapes={"x": [3, 4]})
+    assert model.executable.symbols == []
+    np.testing.assert_array_equal(model(np.full((3, 4), -1, np.float32))[0], np.zeros((3, 4)))
+    with pytest.raises(ShapeError, match="'x'"):
+        model(np.zeros((2, 4), np.float32))

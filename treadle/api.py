@@ -23,13 +23,14 @@ import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
 from treadle.compiler import compile_graph
 from treadle.errors import ModelError
 from treadle.graph.graph import Graph
+from treadle.graph.passes.infer_shapes import infer_shapes
 from treadle.runtime.executor import Executable, Step
 from treadle.runtime.module import load as load_library
 from treadle.target.cpu import host
@@ -76,16 +77,20 @@ class CompiledModel:
 
 
 def compile(model: str | os.PathLike | onnx.ModelProto | Graph, *,
-            name: str | None = None, tune: int = 0) -> CompiledModel:
+            name: str | None = None, tune: int = 0,
+            shapes: Mapping[str, Sequence] | None = None) -> CompiledModel:
     """Compiles an ONNX model (a file path or an ``onnx.ModelProto``) or a treadle graph.
 
     ``tune`` picks how template schedules (matrix multiplications, convolutions) are
     chosen: 0 an analytic default for this CPU, 1 the fastest of a small measured space,
     2 of the full space. Results are recorded under the cache directory, so compiling
-    the same model again measures nothing."""
+    the same model again measures nothing. ``shapes`` fixes input shapes by name (for
+    example ``{"input_ids": [1, 128]}``), turning symbolic dimensions into numbers."""
     if tune not in (0, 1, 2):
         raise ValueError(f"tune={tune!r}: expected 0, 1 or 2")
     graph = _as_graph(model, name)
+    if shapes:
+        graph = infer_shapes(graph, shapes)
     return CompiledModel(compile_graph(graph, tune=tune), graph.name)
 
 

@@ -39,10 +39,6 @@ def normalize_shape(shape: Sequence) -> tuple[Dim, ...]:
     return tuple(normalize_dim(d) for d in shape)
 
 
-def format_dim(dim: Dim) -> str:
-    return str(dim)
-
-
 def num_elements(shape: Sequence[Dim]) -> Dim:
     if all(isinstance(d, int) for d in shape):
         return math.prod(shape)

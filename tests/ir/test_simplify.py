@@ -194,3 +194,12 @@ def test_simplified_index_expressions_keep_their_value(expr, ranges):
         assert evaluate(result, env) == expected, f"{expr} -> {result} at {env}"
         assert (interval.lo is None or interval.lo <= expected) and \
                (interval.hi is None or expected <= interval.hi), f"bound {interval} of {expr}"
+
+
+def test_symbolic_factor_cancels_wherever_division_is_defined():
+    seq = Var("seq")
+    clamped = minimum(seq, 512)
+    assert simplify_expr(clamped * 768 // clamped) == Const(768, int64)
+    assert simplify_expr(clamped * 768 % clamped) == Const(0, int64)
+    assert str(simplify_expr(seq * 2 * seq // seq)) == "seq * 2"
+    assert str(simplify_expr((seq + 1) // seq)) == "(seq + 1) // seq"

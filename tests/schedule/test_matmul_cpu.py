@@ -150,3 +150,19 @@ def test_convolution_as_implicit_gemm(stride, pad, cfg):
     result = np.zeros((n, co, oh, ow), np.float32)
     build([x, w], out, cfg)(xv, wv, result)
     assert_close(result, conv_reference(xv, wv, stride, pad), reduction=ci * k * k)
+
+
+def test_symbolic_condition_becomes_a_kernel_assert():
+    from treadle.errors import KernelError
+    from treadle.ir.expr import eq
+    M, K, K2 = Var("M"), Var("K"), Var("K2")
+    a, b = Buffer("a", float32, (M, K)), Buffer("b", float32, (K2, 8))
+    c = reduce("c", [M, 8], [K], lambda i, j, r: a[i, r] * b[r, j])
+    kernel = schedule_gemm("checked", [a, b], match_gemm(c), checks=[(eq(K, K2), "K == K2")])
+    compiled = compile_function(kernel.function)
+    x, y = random_array((3, 5), seed=1), random_array((5, 8), seed=2)
+    out = np.zeros((3, 8), np.float32)
+    compiled(x, y, out)
+    assert_close(out, x @ y, reduction=5)
+    with pytest.raises(KernelError, match="K == K2"):
+        compiled(x, random_array((4, 8), seed=3), out)

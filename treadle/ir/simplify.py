@@ -208,6 +208,35 @@ def _div_exact(e: Binary, ranges: Ranges) -> Expr | None:
     return _build(_Sum({t: k // c for t, k in form.terms.items()}, form.const // c), e.dtype)
 
 
+def _div_symbolic_factor(e: Binary, ranges: Ranges) -> Expr | None:
+    # (x * q) // x -> q and (x * q) % x -> 0 for any non-constant x: wherever the division
+    # is defined (x != 0) it is exact. Shape arithmetic produces these (768 * n // n).
+    if isinstance(e.b, Const) or not e.dtype.is_integer:
+        return None
+    form = _linear(e.a, e.dtype)
+    if form.const or len(form.terms) != 1:
+        return None
+    (term, k), = form.terms.items()
+    quotient = _factor_out(term, e.b)
+    if quotient is None:
+        return None
+    if e.op == "%":
+        return Const(0, e.dtype)
+    return _build(_linear(quotient, e.dtype).times(k), e.dtype)
+
+
+def _factor_out(term: Expr, factor: Expr) -> Expr | None:
+    """term / factor when ``factor`` is one operand of the product ``term``."""
+    if term == factor:
+        return Const(1, term.dtype)
+    if isinstance(term, Binary) and term.op == "*":
+        if term.a == factor:
+            return term.b
+        if term.b == factor:
+            return term.a
+    return None
+
+
 def _div_common_factor(e: Binary, ranges: Ranges) -> Expr | None:
     # (g * x) // (g * c) -> x // c: the exact quotient, hence its truncation, is the same
     c = _divisor(e)
@@ -396,9 +425,9 @@ RULES: dict[str, list[Rule]] = {
     "-": [_fold, _normal_form, _float_unit],
     "*": [_fold, _normal_form, _float_unit],
     "/": [_fold, _float_unit],
-    "//": [_fold, _div_exact, _div_small, _div_common_factor, _div_split, _div_coarse, _div_div,
-           _mod_div],
-    "%": [_fold, _div_exact, _mod_small, _mod_split, _mod_mod],
+    "//": [_fold, _div_exact, _div_symbolic_factor, _div_small, _div_common_factor, _div_split,
+           _div_coarse, _div_div, _mod_div],
+    "%": [_fold, _div_exact, _div_symbolic_factor, _mod_small, _mod_split, _mod_mod],
     "min": [_fold, _same_operands, _minmax_by_range],
     "max": [_fold, _same_operands, _minmax_by_range],
     **{op: [_fold, _compare_by_range] for op in TRUE_SIGNS},

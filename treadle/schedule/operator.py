@@ -17,11 +17,11 @@ MIN_GEMM_COLUMNS = 8
 
 
 def schedule_operator(op: Operator, name: str, tune: int = 0) -> Kernel:
-    if len(op.definition) == 1 and not op.checks:
+    if len(op.definition) == 1:
         pattern = match_gemm_output(op.definition[0])
         if pattern is not None and _wide_enough(pattern):
             cfg = tune_gemm(name, op.input_buffers, pattern, tune)
-            return schedule_gemm(name, op.input_buffers, pattern, cfg)
+            return schedule_gemm(name, op.input_buffers, pattern, cfg, op.checks)
     return schedule_computes(name, op.input_buffers, op.definition, op.checks)
 
 

@@ -262,7 +262,10 @@ def _balanced(cfg: GemmConfig, batch, M, N, workers: int) -> GemmConfig:
 
 
 def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPattern,
-                  cfg: GemmConfig = GemmConfig()) -> Kernel:
+                  cfg: GemmConfig = GemmConfig(),
+                  checks: Sequence[tuple[Expr, str]] = ()) -> Kernel:
+    """The GEMM kernel for ``pattern``; ``checks`` are run-time conditions on symbolic
+    sizes (from the operator) that the kernel asserts before any work."""
     threads = config.num_threads
     check_config(cfg, threads)
     c = pattern.compute
@@ -285,9 +288,12 @@ def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPatte
             if buffer is not None and buffer in used:
                 fb.add_param(buffer)
         out = fb.add_param(pattern.output.buffer)
-        for var in sorted({v for p in fb.params for d in p.shape for v in free_vars(d)},
-                          key=lambda v: v.name):
+        symbols = {v for p in fb.params for d in p.shape for v in free_vars(d)}
+        symbols |= {v for cond, _ in checks for v in free_vars(cond)}
+        for var in sorted(symbols, key=lambda v: v.name):
             fb.add_param(var)
+        for cond, message in checks:
+            fb.assert_(cond, message)
         if gemm.cfg.split_k == 1:
             _whole_k(fb, gemm, out, threads)
         else:

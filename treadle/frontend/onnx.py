@@ -23,6 +23,7 @@ from treadle.errors import ModelError, UnsupportedOpError
 from treadle.graph.graph import Graph
 from treadle.graph.operator import REGISTRY, apply
 from treadle.graph.ops.common import ONNX_DTYPES
+from treadle.graph.ops.shape import constant_value
 from treadle.graph.tensor import Tensor
 from treadle.ir import dtypes
 from treadle.ir.dtypes import DataType
@@ -44,11 +45,6 @@ ATTRIBUTE_DECODERS = {
     AttributeProto.STRINGS: lambda a: [s.decode("utf-8", "replace") for s in a.strings],
     AttributeProto.TENSORS: lambda a: [numpy_helper.to_array(t) for t in a.tensors],
 }
-
-# A Constant node's value attribute -> the numpy dtype of its scalar or list forms.
-CONSTANT_VALUES = {"value_float": np.float32, "value_floats": np.float32,
-                   "value_int": np.int64, "value_ints": np.int64}
-
 
 def from_onnx(model: str | os.PathLike | onnx.ModelProto, name: str | None = None) -> Graph:
     """The graph of an ONNX model given as a file path or a ``ModelProto``."""
@@ -203,16 +199,15 @@ def _attribute(attr: AttributeProto, node: str, op_type: str):
 
 
 def _constant_node(node: onnx.NodeProto, name: str) -> Tensor:
-    if len(node.attribute) != 1:
+    attrs = {a.name: a for a in node.attribute}
+    if len(attrs) != 1:
         raise ModelError(f"node {name!r} (Constant) must have exactly one value attribute, "
-                         f"has {[a.name for a in node.attribute]}")
-    attr, output = node.attribute[0], node.output[0]
-    if attr.name == "value":
-        return _constant(output, attr.t)
-    if attr.name not in CONSTANT_VALUES:
-        raise UnsupportedOpError(f"node {name!r} (Constant): attribute {attr.name!r} is not "
-                                 "supported")
-    value = np.asarray(_attribute(attr, name, "Constant"), CONSTANT_VALUES[attr.name])
+                         f"has {list(attrs)}")
+    output = node.output[0]
+    if "value" in attrs:  # a full tensor: read like an initializer (dtype checks, bfloat16)
+        return _constant(output, attrs["value"].t)
+    decoded = {key: _attribute(a, name, "Constant") for key, a in attrs.items()}
+    value = constant_value(decoded, f"node {name!r} (Constant)")
     return Tensor(output, dtypes.dtype_of(value.dtype), value.shape, value)
 
 

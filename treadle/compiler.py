@@ -47,7 +47,7 @@ def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int = 0) -> E
         key = replace(kernel.function, name="")
         function = unique.setdefault(key, kernel.function)
         args = tuple(slot_of[id(op.inputs[i])] for i in kernel.inputs)
-        args += tuple(outputs[o] for o in kernel.outputs)
+        args += outputs
         args += tuple(-k - 1 for k in range(len(kernel.workspaces)))
         workspaces = tuple(Slot(w.name, w.dtype, w.shape) for w in kernel.workspaces)
         plans.append((op.name, function.name, args, outputs, workspaces))

@@ -25,11 +25,10 @@ from treadle.ir.builder import seq
 @dataclass(frozen=True)
 class Kernel:
     """A scheduled tensor program and how its buffer parameters relate to the operator:
-    ``inputs`` are indices of operator inputs, ``outputs`` of operator outputs, and
-    ``workspaces`` are scratch buffers the caller allocates."""
+    the operator inputs at indices ``inputs``, then every operator output in order, then
+    ``workspaces``, scratch buffers the caller allocates."""
     function: Function
     inputs: tuple[int, ...]
-    outputs: tuple[int, ...]
     workspaces: tuple[Buffer, ...]
 
 
@@ -59,7 +58,7 @@ def canonical_kernel(func: Function, inputs: Sequence[Buffer | None], num_output
     input_ids = tuple(k for k, b in enumerate(inputs) if b is not None and b in params)
     function = _canonical_names(func, len(input_ids), num_outputs)
     workspaces = function.buffers[len(input_ids) + num_outputs:]
-    return Kernel(function, input_ids, tuple(range(num_outputs)), workspaces)
+    return Kernel(function, input_ids, workspaces)
 
 
 def _canonical_names(func: Function, num_inputs: int, num_outputs: int) -> Function:

@@ -1,7 +1,8 @@
-"""From a graph to an executable: schedule every operator, build the kernels, plan steps.
+"""From a graph to an executable: partition, schedule and fuse, build the kernels, plan steps.
 
 Operators that only reinterpret their input's memory (reshape and friends) become views.
-Every other operator is scheduled into a kernel; operators whose kernels come out
+The others are partitioned into groups (``graph.partition``), each scheduled into one kernel
+with its prologues and epilogues fused (``schedule.fusion``); groups whose kernels come out
 identical (the same schedule on the same shapes, as in repeated layers) share one. Kernels
 are built in a few shared objects in parallel, since one C file per kernel would pay the
 compiler's start-up cost hundreds of times and one file for all would use a single core.
@@ -15,12 +16,13 @@ from treadle.backend.build import build_many
 from treadle.backend.c import generate
 from treadle.dump import dump_text
 from treadle.graph.graph import Graph
+from treadle.graph.partition import format_partition, partition
 from treadle.graph.optimize import optimize
 from treadle.ir.lower import lower
 from treadle.ir.stmt import Function
 from treadle.runtime.executor import Executable, Slot, Step
 from treadle.runtime.module import CompiledFunction, load
-from treadle.schedule.operator import schedule_operator
+from treadle.schedule.fusion import schedule_group
 
 FUNCTIONS_PER_OBJECT = 24
 
@@ -36,21 +38,22 @@ def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int = 0) -> E
 
     unique: dict[Function, Function] = {}
     plans = []
-    for index, op in enumerate(graph.nodes):
-        outputs = tuple(slot_of[id(t)] for t in op.outputs)
-        # A view whose symbolic sizes need a run-time check runs as a copying kernel,
-        # since only kernels check conditions.
-        if op.opdef.view and not op.checks:
-            plans.append((op.name, None, (slot_of[id(op.inputs[0])],), outputs, ()))
+    groups = partition(graph)
+    dump_text(("graph", "partition.txt"), format_partition(groups))
+    for index, group in enumerate(groups):
+        if group.is_view:
+            op = group.anchor
+            plans.append((op.name, None, (slot_of[id(op.inputs[0])],),
+                          (slot_of[id(op.outputs[0])],), ()))
             continue
-        kernel = schedule_operator(op, f"k{index}_{op.op_type}", tune)
-        key = replace(kernel.function, name="")
-        function = unique.setdefault(key, kernel.function)
-        args = tuple(slot_of[id(op.inputs[i])] for i in kernel.inputs)
-        args += outputs
-        args += tuple(-k - 1 for k in range(len(kernel.workspaces)))
-        workspaces = tuple(Slot(w.name, w.dtype, w.shape) for w in kernel.workspaces)
-        plans.append((op.name, function.name, args, outputs, workspaces))
+        for kernel in schedule_group(group, f"k{index}_{group.anchor.op_type}", tune):
+            key = replace(kernel.function, name="")
+            function = unique.setdefault(key, kernel.function)
+            outputs = tuple(slot_of[id(t)] for t in kernel.outputs)
+            args = tuple(slot_of[id(t)] for t in kernel.inputs) + outputs
+            args += tuple(-k - 1 for k in range(len(kernel.workspaces)))
+            workspaces = tuple(Slot(w.name, w.dtype, w.shape) for w in kernel.workspaces)
+            plans.append((group.name, function.name, args, outputs, workspaces))
 
     kernels = build_functions(list(unique.values()), graph.name)
     steps = [Step(name, None if fn is None else kernels[fn], args, outs, ws)

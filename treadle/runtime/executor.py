@@ -10,6 +10,7 @@ Each call gets its own arena, so a compiled model may be called from several thr
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
@@ -76,7 +77,16 @@ class Executable:
         return [self.slots[i].name for i in self.outputs]
 
     def __call__(self, *args, **named) -> list[np.ndarray]:
-        arrays = self._arguments(args, named)
+        return self._run(self._arguments(args, named))
+
+    def profile(self, *args, **named) -> list[tuple[str, float]]:
+        """Runs once and returns (step name, seconds) for every kernel step, in order."""
+        times: list[tuple[str, float]] = []
+        self._run(self._arguments(args, named), times)
+        return times
+
+    def _run(self, arrays: list[np.ndarray],
+             times: Optional[list[tuple[str, float]]] = None) -> list[np.ndarray]:
         symbols = self._bind(arrays)
         plan = self._plan(symbols)
         arena = np.empty(plan.arena_bytes + ALIGN, np.uint8)
@@ -108,7 +118,10 @@ class Executable:
             pointers = [values[a].ctypes.data if a >= 0 else workspaces[-a - 1].ctypes.data
                         for a in step.args]
             scalars = [symbols[p] for p in step.kernel.function.params[len(pointers):]]
+            start = time.perf_counter()
             step.kernel.call_unchecked(pointers + scalars)
+            if times is not None:
+                times.append((step.name, time.perf_counter() - start))
         return [self._owned(values[s], s) for s in self.outputs]
 
     def _owned(self, array: np.ndarray, slot: int) -> np.ndarray:

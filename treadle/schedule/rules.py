@@ -18,7 +18,7 @@ from treadle.ir.compute import Compute, combine, identity_of, producer_of
 from treadle.ir.expr import Buffer, Expr, Load, Var, as_expr
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.mapping import unravel
-from treadle.ir.stmt import Assert, DeclBuffer, For, Function, Let, Seq, Stmt, Store
+from treadle.ir.stmt import Assert, DeclBuffer, For, ForTask, Function, Let, Seq, Stmt, Store
 from treadle.ir.builder import seq
 
 
@@ -46,7 +46,7 @@ def schedule_computes(name: str, inputs: Sequence[Buffer | None], outputs: Seque
     params: list = [b for b in inputs if b is not None and b in used]
     params += [c.buffer for c in outputs] + list(workspaces)
     symbols = sorted({v for p in params for d in p.shape for v in free_vars(d)} |
-                     (free_vars(body_stmt) - _bound_vars(body_stmt)), key=lambda v: v.name)
+                     (free_vars(body_stmt) - bound_vars(body_stmt)), key=lambda v: v.name)
     return canonical_kernel(Function(name, tuple(params) + tuple(symbols), body_stmt),
                             inputs, len(outputs))
 
@@ -56,12 +56,12 @@ def canonical_kernel(func: Function, inputs: Sequence[Buffer | None], num_output
     order), its ``num_outputs`` outputs, workspaces, then symbols."""
     params = set(func.buffers)
     input_ids = tuple(k for k, b in enumerate(inputs) if b is not None and b in params)
-    function = _canonical_names(func, len(input_ids), num_outputs)
+    function = canonical_names(func, len(input_ids), num_outputs)
     workspaces = function.buffers[len(input_ids) + num_outputs:]
     return Kernel(function, input_ids, workspaces)
 
 
-def _canonical_names(func: Function, num_inputs: int, num_outputs: int) -> Function:
+def canonical_names(func: Function, num_inputs: int, num_outputs: int) -> Function:
     """Names by role and order of appearance (x0.., y0.., w0.. for parameters, i0.. for
     loop variables), so operators with the same schedule give identical functions, which
     are compiled once."""
@@ -86,8 +86,15 @@ def _canonical_names(func: Function, num_inputs: int, num_outputs: int) -> Funct
     return Function(func.name, params, rewrite(func.body, rename), func.attrs)
 
 
-def _bound_vars(stmt: Stmt) -> set[Var]:
-    return {n.var for n in walk(stmt) if isinstance(n, (For, Let))}
+def bound_vars(stmt: Stmt) -> set[Var]:
+    """Variables the statement binds itself: loop, task and let variables."""
+    bound = set()
+    for n in walk(stmt):
+        if isinstance(n, (For, Let)):
+            bound.add(n.var)
+        elif isinstance(n, ForTask):
+            bound.update(n.vars)
+    return bound
 
 
 def reachable(outputs: Sequence[Compute]) -> dict[Buffer, Compute]:

@@ -1,5 +1,6 @@
 """canonicalize: identities vanish, Gemm splits, BatchNorm folds into convolution."""
 import numpy as np
+import pytest
 
 from tests.harness import assert_close, random_array
 from treadle.compiler import compile_graph
@@ -64,12 +65,24 @@ def conv_bn(shared: bool):
 def test_batch_norm_folds_into_convolution():
     graph = conv_bn(shared=False)
     out = canonicalize(graph)
-    assert op_types(out) == ["Conv", "Relu"]
+    assert op_types(out) == ["Pad", "Conv", "Relu"]
     same_outputs(graph, out, random_array((1, 3, 9, 9), seed=9))
 
 
 def test_batch_norm_does_not_fold_into_a_shared_convolution():
     graph = conv_bn(shared=True)
     out = canonicalize(graph)
-    assert op_types(out) == ["Conv", "Mul", "Add", "Relu"]
+    assert op_types(out) == ["Pad", "Conv", "Mul", "Add", "Relu"]
     same_outputs(graph, out, random_array((1, 3, 9, 9), seed=9))
+
+
+@pytest.mark.parametrize("pads,group,split", [([1, 2, 0, 1], 1, True), ([0, 0, 0, 0], 1, False),
+                                              ([1, 1, 1, 1], 3, False)])
+def test_padded_convolution_reads_a_padded_copy(pads, group, split):
+    x = Tensor("x", "float32", [1, 3, 8, 11])
+    w = constant(random_array((6, 3 // group, 3, 3), seed=4), "w")
+    y = apply("Conv", [x, w], {"pads": pads, "group": group, "strides": [2, 1]}, "conv")[0]
+    graph = Graph.from_outputs([x], [y])
+    out = canonicalize(graph)
+    assert op_types(out) == (["Pad", "Conv"] if split else ["Conv"])
+    same_outputs(graph, out, random_array((1, 3, 8, 11), seed=9))

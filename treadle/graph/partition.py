@@ -1,0 +1,222 @@
+"""The fusion partition: which operators share a kernel (Hidet section 4.2).
+
+Every kernel is a *group*: one anchor operator, scheduled alone by a template or by the
+rules, plus the operators fused into it after scheduling:
+
+* epilogues: element-wise operators downstream of the anchor that read every in-group
+  tensor at their own index (same shape, no broadcast of it), so each stored element of the
+  anchor's output gives exactly one element of theirs. They are grown first, in graph
+  order, so an element-wise operator between two anchors is computed once, as the first
+  one's epilogue.
+* prologues: injective groups (every operator computes each output element from its
+  inputs without reducing) whose results only one other group reads; they are inlined at
+  that group's loads. Padding stays a kernel of its own (``MATERIALISED``).
+
+A group may produce several tensors: the last epilogue's result and any in-group tensor
+that something outside the group still reads. Groups never form a cycle: an operator joins
+only when none of its outside inputs depends on the group. View operators (reshapes) are
+never fused; they cost nothing as they are.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from treadle.graph.graph import Graph
+from treadle.graph.operator import Operator
+from treadle.graph.tensor import Tensor
+from treadle.ir.compute import Compute
+from treadle.ir.expr import Expr, as_expr
+from treadle.schedule.rules import reachable
+
+
+@dataclass(eq=False)
+class Group:
+    anchor: Operator
+    prologues: list[Operator] = field(default_factory=list)
+    epilogues: list[Operator] = field(default_factory=list)
+    # The tensors the group's kernel writes: read outside the group or returned by the
+    # graph (all the anchor's outputs when nothing is fused after it).
+    outputs: list[Tensor] = field(default_factory=list)
+
+    @property
+    def ops(self) -> list[Operator]:
+        return [*self.prologues, self.anchor, *self.epilogues]
+
+    @property
+    def is_view(self) -> bool:
+        return is_view(self.anchor)
+
+    @property
+    def name(self) -> str:
+        return self.anchor.name
+
+
+# Injective operators never inlined into a reader: a padded copy costs one pass, while
+# inlined padding checks bounds at every read, and a convolution reads each element as
+# many times as its kernel has taps (canonicalize splits padding off convolutions).
+MATERIALISED = frozenset({"Pad"})
+
+
+def is_view(op: Operator) -> bool:
+    # A view whose symbolic sizes need a run-time check runs as a copying kernel, since
+    # only kernels check conditions.
+    return op.opdef.view and not op.checks
+
+
+def is_injective(op: Operator) -> bool:
+    """One output, computed element by element without reductions."""
+    if is_view(op) or len(op.definition) != 1:
+        return False
+    return not any(c.is_reduction for c in reachable(op.definition).values())
+
+
+def reads_at_own_index(op: Operator, tensors: set[int]) -> bool:
+    """Whether ``op`` (injective) reads some of ``tensors`` and each only at its own output
+    index, with the same shape: the map from those elements to its own is a bijection."""
+    out = op.definition[0]
+    buffers = {b for b, t in zip(op.input_buffers, op.inputs)
+               if b is not None and t is not None and id(t) in tensors}
+    reads = [(c, load) for c in reachable(op.definition).values() for load in c.loads()
+             if load.buffer in buffers]
+    return bool(reads) and all(c is out and load.buffer.shape == out.shape
+                               and own_index(load.indices, out) for c, load in reads)
+
+
+def own_index(indices: tuple[Expr, ...], c: Compute) -> bool:
+    """Whether ``indices`` name element (i0, i1, ...) of ``c``'s own axes; a size-1 axis
+    may be read at 0, as broadcasting writes it."""
+    return all(i == a or (d == as_expr(1) and i == as_expr(0))
+               for i, a, d in zip(indices, c.axes, c.shape))
+
+
+class _Partitioner:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.position = {id(op): k for k, op in enumerate(graph.nodes)}
+        self.consumers: dict[int, list[Operator]] = {}
+        for op in graph.nodes:
+            for t in op.inputs:
+                if t is not None and op not in self.consumers.setdefault(id(t), []):
+                    self.consumers[id(t)].append(op)
+        self.graph_outputs = {id(t) for t in graph.outputs}
+        self.group_of: dict[int, Group] = {}
+
+    def run(self) -> list[Group]:
+        groups = []
+        for op in self.graph.nodes:
+            if id(op) not in self.group_of:
+                group = Group(op)
+                self.group_of[id(op)] = group
+                if not group.is_view:
+                    self._grow_epilogues(group)
+                groups.append(group)
+        for group in reversed(groups):
+            self._absorb_into_consumer(group)
+        groups = [g for g in groups if self.group_of[id(g.anchor)] is g]
+        for group in groups:
+            group.outputs = (self._escaping(group) if group.epilogues
+                             else list(group.anchor.outputs))
+        return self._execution_order(groups)
+
+    # ---- epilogues -----------------------------------------------------------------------
+    def _grow_epilogues(self, group: Group) -> None:
+        if len(group.anchor.outputs) != 1:
+            return
+        produced = {id(group.anchor.outputs[0])}
+        frontier = [group.anchor.outputs[0]]
+        while frontier:
+            tensor = frontier.pop(0)
+            for op in self.consumers.get(id(tensor), []):
+                if self._can_be_epilogue(op, group, produced):
+                    group.epilogues.append(op)
+                    self.group_of[id(op)] = group
+                    produced.add(id(op.outputs[0]))
+                    frontier.append(op.outputs[0])
+
+    def _can_be_epilogue(self, op: Operator, group: Group, produced: set[int]) -> bool:
+        if id(op) in self.group_of or not is_injective(op):
+            return False
+        if not reads_at_own_index(op, produced):
+            return False
+        outside = [t for t in op.inputs if t is not None and id(t) not in produced]
+        return not any(self._depends_on(t, group) for t in outside)
+
+    # ---- prologues -----------------------------------------------------------------------
+    def _absorb_into_consumer(self, group: Group) -> None:
+        """Merges an injective group into the one group that reads all its results."""
+        if group.is_view or not all(is_injective(op) and op.op_type not in MATERIALISED
+                                    for op in group.ops):
+            return
+        escaping = self._escaping(group)
+        if any(id(t) in self.graph_outputs for t in escaping):
+            return
+        readers = {self.group_of[id(op)] for t in escaping for op in self.consumers[id(t)]}
+        if len(readers) != 1:
+            return
+        target = readers.pop()
+        if target.is_view or any(self._depends_on(t, target) for op in group.ops
+                                 for t in op.inputs if t is not None):
+            return
+        target.prologues[:0] = group.ops
+        for op in group.ops:
+            self.group_of[id(op)] = target
+
+    def _escaping(self, group: Group) -> list[Tensor]:
+        """The group's results that an operator outside it reads or the graph returns."""
+        members = {id(op) for op in group.ops}
+        return [t for op in group.ops for t in op.outputs
+                if id(t) in self.graph_outputs
+                or any(id(c) not in members for c in self.consumers.get(id(t), []))]
+
+    # ---- order ---------------------------------------------------------------------------
+    def _depends_on(self, tensor: Tensor, group: Group) -> bool:
+        """Whether computing ``tensor`` needs any operator of ``group``."""
+        members = {id(op) for op in group.ops}
+        first = min(self.position[m] for m in members)
+        stack, seen = [tensor.producer], set()
+        while stack:
+            op = stack.pop()
+            if op is None or id(op) in seen or self.position[id(op)] < first:
+                continue
+            if id(op) in members:
+                return True
+            seen.add(id(op))
+            stack.extend(t.producer for t in op.inputs if t is not None)
+        return False
+
+    def _execution_order(self, groups: list[Group]) -> list[Group]:
+        """Groups after every group they read from; otherwise in graph order."""
+        order: list[Group] = []
+        done: set[int] = set()
+
+        def visit(group: Group) -> None:
+            if id(group) in done:
+                return
+            done.add(id(group))
+            members = {id(op) for op in group.ops}
+            for op in group.ops:
+                for t in op.inputs:
+                    if t is not None and t.producer is not None and id(t.producer) not in members:
+                        visit(self.group_of[id(t.producer)])
+            order.append(group)
+        for group in groups:
+            visit(group)
+        return order
+
+
+def partition(graph: Graph) -> list[Group]:
+    """The graph's operators as fused groups, in an order that runs producers first."""
+    return _Partitioner(graph).run()
+
+
+def format_partition(groups: list[Group]) -> str:
+    """One line per group: the anchor, then what is fused before and after it."""
+    lines = []
+    for k, g in enumerate(groups):
+        line = f"{k}: {g.anchor!r}"
+        if g.prologues:
+            line += "\n    prologues: " + ", ".join(op.name for op in g.prologues)
+        if g.epilogues:
+            line += "\n    epilogues: " + ", ".join(op.name for op in g.epilogues)
+        lines.append(line)
+    return "\n".join(lines)

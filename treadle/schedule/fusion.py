@@ -1,0 +1,168 @@
+"""Post-scheduling fusion (Hidet section 4.2): a group's anchor is scheduled alone, by a
+template or by the rules, and its prologues and epilogues are fused into the scheduled
+program afterwards. No schedule knows what is fused into it.
+
+* Each load of a tensor a prologue computes becomes the prologue's expression at the
+  load's indices (its own inputs inlined in turn), so on the CPU matmul template a
+  prologue runs inside the packing of panels, and a convolution's padding or a transpose
+  costs index arithmetic only.
+* Each store of the anchor's output becomes a let of the stored value followed by one
+  store per tensor the group writes, each computed from that value by the epilogues.
+  Epilogues read in-group tensors at their own index (see ``graph.partition``), so the
+  stored element's indices are theirs.
+
+A schedule that loads a prologue's tensor or stores the anchor's output as a vector, or
+reads its own output back, cannot take the substitution: ``FusionError``, and the caller
+gives each operator its own kernel.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from treadle.errors import TreadleError
+from treadle.graph.operator import Operator
+from treadle.graph.partition import Group
+from treadle.graph.tensor import Tensor
+from treadle.ir.expr import Buffer, Expr, Load, Var
+from treadle.ir.functor import free_vars, rewrite, substitute, walk
+from treadle.ir.stmt import Assert, Function, Let, Seq, Stmt, Store
+from treadle.schedule.operator import schedule_operator
+from treadle.schedule.rules import Inliner, bound_vars, canonical_names, reachable
+
+
+class FusionError(TreadleError):
+    """The anchor's schedule cannot take a prologue or an epilogue."""
+
+
+@dataclass(frozen=True)
+class FusedKernel:
+    """A scheduled group: its function's buffer parameters are ``inputs``, ``outputs``,
+    then ``workspaces`` (scratch buffers the caller allocates), then symbols."""
+    function: Function
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    workspaces: tuple[Buffer, ...]
+
+
+def schedule_group(group: Group, name: str, tune: int = 0) -> list[FusedKernel]:
+    """The kernel of ``group``, or one kernel per operator where fusing is not legal."""
+    try:
+        return [_fused(group, name, tune)]
+    except FusionError:
+        singles = [Group(op, outputs=list(op.outputs)) for op in group.ops]
+        return [_fused(g, f"{name}_{k}", tune) for k, g in enumerate(singles)]
+
+
+def _fused(group: Group, name: str, tune: int) -> FusedKernel:
+    anchor = group.anchor
+    kernel = schedule_operator(anchor, name, tune)
+    func = kernel.function
+    buffers = _TensorBuffers()
+    params = {b: buffers.of(anchor.inputs[i]) for b, i in zip(func.buffers, kernel.inputs)}
+    outs = func.buffers[len(kernel.inputs):len(kernel.inputs) + len(anchor.outputs)]
+    params.update({b: buffers.of(t) for b, t in zip(outs, anchor.outputs)})
+    body = rewrite(func.body, lambda n: replace(n, buffer=params[n.buffer])
+                   if isinstance(n, (Load, Store)) and n.buffer in params else None)
+    if group.epilogues:
+        body = _apply_epilogues(body, group, buffers)
+    # After the epilogues, which may read a prologue's tensor too.
+    body = _inline_prologues(body, group.prologues, buffers)
+    checks = [Assert(cond, message) for op in (*group.prologues, *group.epilogues)
+              for cond, message in op.checks]
+    body = Seq((*checks, body)) if checks else body
+    return _assemble(name, body, group, buffers, kernel.workspaces)
+
+
+class _TensorBuffers:
+    """One buffer per graph tensor in a fused kernel (operators name their inputs alike,
+    in0, in1, ..., so their own buffers cannot be mixed)."""
+
+    def __init__(self):
+        self.by_tensor: dict[int, Buffer] = {}
+
+    def of(self, tensor: Tensor) -> Buffer:
+        if id(tensor) not in self.by_tensor:
+            self.by_tensor[id(tensor)] = Buffer(f"g{len(self.by_tensor)}", tensor.dtype,
+                                                tensor.shape)
+        return self.by_tensor[id(tensor)]
+
+    def value(self, op: Operator, substitutes: dict[int, Expr] | None = None) -> Expr:
+        """The expression of ``op``'s single output over its axes, reading group buffers;
+        loads of the tensors in ``substitutes`` (at the output's own index) become those
+        expressions."""
+        out = op.definition[0]
+        local = {b: t for b, t in zip(op.input_buffers, op.inputs)
+                 if b is not None and t is not None}
+        substitutes = substitutes or {}
+
+        def visit(node):
+            if not (isinstance(node, Load) and node.buffer in local):
+                return None
+            tensor = local[node.buffer]
+            if id(tensor) in substitutes:
+                return substitutes[id(tensor)]
+            return replace(node, buffer=self.of(tensor))
+        return rewrite(Inliner(reachable([out]))(out.value), visit)
+
+
+def _inline_prologues(body: Stmt, prologues: Sequence[Operator], buffers: _TensorBuffers) -> Stmt:
+    definitions = {buffers.of(op.outputs[0]): (op.definition[0].axes, buffers.value(op))
+                   for op in prologues}
+
+    def expand(node):
+        if not (isinstance(node, Load) and node.buffer in definitions):
+            return None
+        if node.lanes != 1:
+            raise FusionError(f"the schedule loads {node.buffer.name} as a vector")
+        axes, value = definitions[node.buffer]
+        return rewrite(substitute(value, dict(zip(axes, node.indices))), expand)
+    return rewrite(body, expand)
+
+
+def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
+    anchor = group.anchor.outputs[0]
+    stored = Var("stored", anchor.dtype)  # stands for the value the anchor stores
+    axes = group.anchor.definition[0].axes
+    values: dict[int, Expr] = {id(anchor): stored}
+    for op in group.epilogues:
+        value = buffers.value(op, values)
+        values[id(op.outputs[0])] = substitute(value, dict(zip(op.definition[0].axes, axes)))
+    target = buffers.of(anchor)
+    fresh = itertools.count()
+
+    def visit(node):
+        if isinstance(node, Load) and node.buffer == target:
+            raise FusionError(f"the schedule of {group.anchor.name!r} reads its output back")
+        if not (isinstance(node, Store) and node.buffer == target):
+            return None
+        if node.lanes != 1:
+            raise FusionError(f"the schedule of {group.anchor.name!r} stores vectors")
+        var = Var(f"stored{next(fresh)}", anchor.dtype)
+        env = {**dict(zip(axes, node.indices)), stored: var}
+        writes = [Store(buffers.of(t), node.indices, substitute(values[id(t)], env))
+                  for t in group.outputs]
+        return Seq((Let(var, node.value), *writes))
+    return rewrite(body, visit)
+
+
+def _assemble(name: str, body: Stmt, group: Group, buffers: _TensorBuffers,
+              workspaces: tuple[Buffer, ...]) -> FusedKernel:
+    """The function with its parameters in kernel order and canonical names."""
+    used = {n.buffer for n in walk(body) if isinstance(n, (Load, Store))}
+    produced = {id(t) for op in group.ops for t in op.outputs}
+    inputs: dict[int, Tensor] = {}
+    for op in group.ops:
+        for t in op.inputs:
+            if t is not None and id(t) not in produced and buffers.of(t) in used:
+                inputs.setdefault(id(t), t)
+    params: list = [buffers.of(t) for t in inputs.values()]
+    params += [buffers.of(t) for t in group.outputs] + list(workspaces)
+    symbols = {v for p in params for d in p.shape for v in free_vars(d)}
+    symbols |= free_vars(body) - bound_vars(body)
+    function = Function(name, (*params, *sorted(symbols, key=lambda v: v.name)), body)
+    function = canonical_names(function, len(inputs), len(group.outputs))
+    count = len(inputs) + len(group.outputs)
+    return FusedKernel(function, tuple(inputs.values()), tuple(group.outputs),
+                       function.buffers[count:])

@@ -14,17 +14,23 @@ from treadle.runtime.executor import _first_fit
 
 
 def chain(length: int):
+    """Softmax and Add alternately: each Softmax starts a kernel, each Add fuses into it."""
     x = Tensor("x", "float32", ["n", 64])
     t = x
     for k in range(length):
-        t = apply("Add" if k % 2 else "Mul", [t, x], name=f"op{k}")[0]
+        t = apply("Add", [t, x], name=f"op{k}")[0] if k % 2 else \
+            apply("Softmax", [t], name=f"op{k}")[0]
     return compile_graph(Graph.from_outputs([x], [t]), optimize_graph=False)
 
 
 def reference_chain(value, length):
     t = value
     for k in range(length):
-        t = t + value if k % 2 else t * value
+        if k % 2:
+            t = t + value
+        else:
+            e = np.exp(t - t.max(-1, keepdims=True))
+            t = e / e.sum(-1, keepdims=True)
     return t
 
 
@@ -34,8 +40,16 @@ def test_chain_reuses_arena_memory():
     assert_close(model(value)[0], reference_chain(value, 8))
     plan = next(iter(model._plans.values()))
     one_tensor = 5 * 64 * 4
-    # Seven intermediates live one step each: two buffers at a time suffice.
+    # Three intermediates between four kernels live one step each: two buffers suffice.
+    assert len(model.steps) == 4
     assert plan.arena_bytes <= 2 * (one_tensor + 64)
+
+
+def test_profile_times_every_kernel():
+    model = chain(6)
+    times = model.profile(random_array((5, 64), seed=1))
+    assert [name for name, _ in times] == ["op0", "op2", "op4"]
+    assert all(isinstance(t, float) and t > 0 for _, t in times)
 
 
 def test_first_fit_never_overlaps_live_tensors():
@@ -66,7 +80,7 @@ def test_outputs_are_owned_by_the_caller():
     a = model(np.ones((2, 64), np.float32))[0]
     b = model(np.full((2, 64), 2, np.float32))[0]
     assert not np.shares_memory(a, b)
-    assert_close(a, np.full((2, 64), 2, np.float32))
+    assert_close(a, np.full((2, 64), 1 + 1 / 64, np.float32))  # softmax(1) + 1
 
 
 def test_input_returned_as_output_is_copied():

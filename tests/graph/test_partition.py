@@ -1,0 +1,56 @@
+"""The fusion partition's structure: which operators share a group, without compiling."""
+from __future__ import annotations
+
+import numpy as np
+
+from tests.harness import random_array
+from treadle import ops
+from treadle.graph.graph import Graph
+from treadle.graph.optimize import optimize
+from treadle.graph.partition import format_partition, partition
+
+
+def groups_of(outputs, inputs) -> list[tuple[str, list[str], list[str]]]:
+    graph = optimize(Graph.from_outputs(inputs, outputs))
+    return [(g.anchor.op_type, [op.op_type for op in g.prologues],
+             [op.op_type for op in g.epilogues]) for g in partition(graph)]
+
+
+def test_elementwise_chain_after_a_matmul_is_its_epilogue():
+    x = ops.input("x", "float32", [4, 8])
+    y = ops.relu(ops.add(ops.matmul(x, ops.constant(random_array([8, 8]))),
+                         ops.constant(random_array([8]))))
+    assert groups_of([y], [x]) == [("MatMul", [], ["Add", "Relu"])]
+
+
+def test_elementwise_op_between_two_anchors_goes_to_the_first():
+    x = ops.input("x", "float32", [4, 8])
+    w = ops.constant(random_array([8, 8]))
+    y = ops.matmul(ops.relu(ops.matmul(x, w)), w)
+    assert groups_of([y], [x]) == [("MatMul", [], ["Relu"]), ("MatMul", [], [])]
+
+
+def test_injective_ops_before_a_reduction_are_its_prologues():
+    x = ops.input("x", "float32", [4, 8])
+    y = ops.softmax(ops.transpose(ops.mul(x, np.float32(2)), [1, 0]))
+    assert groups_of([y], [x]) == [("Softmax", ["Mul", "Transpose"], [])]
+
+
+def test_a_prologue_read_by_two_groups_stays_a_kernel():
+    x = ops.input("x", "float32", [4, 8])
+    t = ops.transpose(x, [1, 0])
+    y, z = ops.softmax(t), ops.reduce_mean(t, [1])
+    assert groups_of([y, z], [x])[0] == ("Transpose", [], [])
+
+
+def test_graph_outputs_are_never_inlined():
+    x = ops.input("x", "float32", [4, 8])
+    t = ops.transpose(x, [1, 0])
+    assert groups_of([ops.softmax(t), t], [x])[0] == ("Transpose", [], [])
+
+
+def test_dump_names_every_group():
+    x = ops.input("x", "float32", [4, 8])
+    y = ops.relu(ops.matmul(x, ops.constant(random_array([8, 8]))))
+    text = format_partition(partition(optimize(Graph.from_outputs([x], [y]))))
+    assert text.startswith("0: MatMul[") and "epilogues: relu" in text

@@ -2,6 +2,7 @@
 the same IR, and recovery from corrupt files."""
 import json
 
+import numpy as np
 import pytest
 
 from treadle.config import override
@@ -35,6 +36,21 @@ def test_key_ignores_names_but_not_shapes():
     assert workload_text(*matmul(), 2, host()) != text
     with override(num_threads=host().cores + 1):
         assert workload_text(*matmul(), 1, host()) != text
+
+
+def test_key_of_an_operator_with_an_epilogue_is_the_same_every_time():
+    # A convolution with a bias defines its output as an epilogue over the product; both
+    # are built afresh, with new axis names, each time the model is compiled.
+    from treadle.graph.operator import apply
+    from treadle.graph.tensor import Tensor, constant
+    from treadle.schedule.templates.matmul_cpu import match_gemm_output
+
+    def conv_text():
+        x = Tensor("x", "float32", [1, 3, 8, 8])
+        w, b = constant(np.ones((4, 3, 3, 3), np.float32)), constant(np.ones(4, np.float32))
+        op = apply("Conv", [x, w, b], {})[0].producer
+        return workload_text(op.input_buffers, match_gemm_output(op.definition[0]), 1, host())
+    assert conv_text() == conv_text()
 
 
 def test_round_trip_replays_to_the_same_ir(cache):

@@ -56,6 +56,8 @@ def workload_text(inputs: Sequence[Buffer | None], pattern: GemmPattern, level: 
              f"epilogue: {format_expr(pattern.epilogue.value) if pattern.epilogue else '-'}"]
     names = [b.name for b in operands] + [pattern.output.buffer.name, c.buffer.name]
     names += [v.name for v in c.axes + c.reduce_axes]
+    if pattern.epilogue is not None:  # its own axes, numbered afresh by every compile
+        names += [v.name for v in pattern.epilogue.axes]
     names += sorted(v.name for b in operands for d in b.shape for v in free_vars(d))
     text = _canonical_names("\n".join(lines), names)
     return "\n".join([text, f"target: {target}", f"threads: {config.num_threads}",

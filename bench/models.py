@@ -39,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -281,7 +282,8 @@ def export_conv(conv: Conv, path: Path) -> None:
     """Conv2d-BatchNorm2d-ReLU with random weights and batch-norm statistics, as ONNX."""
     import torch
     nn = torch.nn
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's deprecation chatter
         torch.manual_seed(0)
         norm = nn.BatchNorm2d(conv.filters)
         norm.running_mean.uniform_(-0.5, 0.5)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import pickle
 import sys
 import tempfile
 import time
@@ -31,13 +30,11 @@ from pathlib import Path
 import numpy as np
 
 import treadle
+from common import RELATIVE_TOLERANCE, exported, relative_error
 from treadle.config import override
-from treadle.models import MODELS, ModelSpec, export_onnx
+from treadle.models import MODELS
 from treadle.timing import IDLE_S, load_note, median_seconds, onnxruntime_session
 
-OUT = Path(__file__).resolve().parent / "out"
-MODELS_SOURCE = Path(treadle.__file__).resolve().parent / "models"
-RELATIVE_TOLERANCE = 1e-3
 SEQUENCE_LENGTHS = {False: (1, 7, 64, 128), True: (1, 7, 16, 64)}  # by --reduced
 
 
@@ -56,18 +53,6 @@ class Row:
         return self.rel_error <= RELATIVE_TOLERANCE
 
 
-def exported(name: str, reduced: bool, dynamic_seq: bool = False) -> ModelSpec:
-    """The model's ONNX file and spec, from the cache when it is newer than the zoo code."""
-    stem = name + ("-reduced" if reduced else "") + ("-seq" if dynamic_seq else "")
-    path, meta = OUT / f"{stem}.onnx", OUT / f"{stem}.spec.pkl"
-    newest_source = max(p.stat().st_mtime for p in MODELS_SOURCE.glob("*.py"))
-    if path.exists() and meta.exists() and meta.stat().st_mtime > newest_source:
-        return pickle.loads(meta.read_bytes())
-    spec = export_onnx(name, path, reduced=reduced, dynamic_seq=dynamic_seq)
-    meta.write_bytes(pickle.dumps(spec))
-    return spec
-
-
 def compare(label: str, compiled, session, inputs: dict, repeat: int,
             compile_s: float) -> list[Row]:
     expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
@@ -82,8 +67,7 @@ def compare(label: str, compiled, session, inputs: dict, repeat: int,
             raise AssertionError(f"output {name!r}: treadle gives "
                                  f"{None if got is None else got.shape}, ORT {want.shape}")
         error = float(np.abs(got.astype(np.float64) - want).max())
-        scale = float(np.abs(want).max()) or 1.0
-        rows.append(Row(label, name, error, error / scale, ours, theirs, compile_s))
+        rows.append(Row(label, name, error, relative_error(got, want), ours, theirs, compile_s))
     return rows
 
 

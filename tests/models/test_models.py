@@ -17,7 +17,7 @@ pytest.importorskip("transformers", reason="BERT and GPT-2 are built from transf
 ort = pytest.importorskip("onnxruntime")
 
 import treadle  # noqa: E402
-from treadle.models import MODELS, export_onnx, require  # noqa: E402
+from treadle.models import MODELS, build, export_onnx, require  # noqa: E402
 
 RELATIVE_TOLERANCE = 1e-3  # max abs error / max abs value of the output
 SEQUENCE_LENGTHS = (1, 7, 16)  # the reduced BERT is exported at 16, its maximum is 64
@@ -53,6 +53,22 @@ def test_reduced_model_matches_onnxruntime(zoo, name):
     compiled = treadle.compile(spec.path)
     assert compiled.input_names == spec.input_names
     assert_matches(compiled, reference(spec.path), spec.random_inputs(), name)
+
+
+@pytest.mark.parametrize("name", ["resnet50", "bert"])
+def test_built_module_has_the_exported_weights(zoo, name):
+    # At batch 2, so that the exported batch is not the calibration batch or 1.
+    torch = require("torch")
+    spec = export_onnx(name, zoo / f"{name}_b2.onnx", reduced=True, batch=2)
+    inputs = spec.random_inputs()
+    assert next(iter(inputs.values())).shape[0] == 2
+    with torch.inference_mode():
+        outputs = build(name, reduced=True)(*(torch.from_numpy(a) for a in inputs.values()))
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    expected = reference(spec.path).run(None, inputs)
+    for got, want in zip(outputs, expected, strict=True):
+        error = float(np.abs(got.numpy() - want).max()) / float(np.abs(want).max())
+        assert error <= RELATIVE_TOLERANCE, f"{name}: relative error {error:.2e}"
 
 
 def test_bert_with_symbolic_sequence_compiles_once(zoo):

@@ -1,7 +1,8 @@
 """A model zoo for tests, benchmarks and the demo: five standard networks with random weights.
 
 ``export_onnx(name, path)`` writes one as an ONNX file and returns a ``ModelSpec`` (input
-names, shapes and dtypes, and a maker of random inputs). Each model has size knobs and a
+names, shapes and dtypes, and a maker of random inputs); ``build(name)`` returns the same
+model, with the same weights, as a torch module. Each model has size knobs and a
 ``reduced`` variant small enough for CI. Nothing is downloaded: the CNNs are plain
 ``torch.nn`` (``cnn.py``) and the transformers are built from ``transformers`` configs
 (``transformer.py``). torch is an optional dependency of treadle, so it is imported only
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 
-from treadle.models.export import MODELS, InputSpec, ModelSpec, export_onnx
+from treadle.models.export import MODELS, InputSpec, ModelSpec, build, export_onnx
 
 _INSTALL = {
     "torch": "pip install 'treadle[torch]'",
@@ -28,4 +29,4 @@ def require(module: str):
                           f"{_INSTALL.get(module, f'pip install {module}')}") from error
 
 
-__all__ = ["MODELS", "InputSpec", "ModelSpec", "export_onnx", "require"]
+__all__ = ["MODELS", "InputSpec", "ModelSpec", "build", "export_onnx", "require"]

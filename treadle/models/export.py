@@ -99,9 +99,7 @@ def export_onnx(name: str, path, *, reduced: bool = False, batch: int = 1,
     """Builds zoo model ``name`` (the full-size one, or the CI-sized one when ``reduced``)
     and writes it to ``path`` as ONNX (opset 17). With ``dynamic_seq`` a transformer's
     sequence axis is the symbolic dimension ``seq``."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; the zoo has {sorted(MODELS)}")
-    recipe = MODELS[name]
+    recipe = _recipe(name)
     if dynamic_seq and recipe.family != "transformer":
         raise ValueError(f"dynamic_seq applies to the transformer models, not {name!r}")
     from treadle.models import require
@@ -109,10 +107,9 @@ def export_onnx(name: str, path, *, reduced: bool = False, batch: int = 1,
     size = recipe.reduced_size if reduced else recipe.size
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.random.fork_rng(devices=[]), torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer and deprecation chatter from the exporter
-        torch.manual_seed(SEED)
-        model = _build(recipe, reduced, size)
+        model = build(name, reduced=reduced)
         if recipe.family == "cnn":
             image = InputSpec("image", (batch, 3, size, size), "float32")
             spec = ModelSpec(name, path, (image,), ("logits",))
@@ -122,14 +119,26 @@ def export_onnx(name: str, path, *, reduced: bool = False, batch: int = 1,
     return spec
 
 
-def _build(recipe: Recipe, reduced: bool, size: int):
-    """The model in eval mode, with the random parameters the module note describes."""
-    module = importlib.import_module(f"treadle.models.{recipe.family}")
-    model = getattr(module, recipe.builder)(**(recipe.reduced if reduced else recipe.full))
-    _randomize_affine(model)
-    if recipe.family == "cnn":
-        _calibrate_batch_norm(model, size)
+def build(name: str, *, reduced: bool = False):
+    """Zoo model ``name`` as the torch module that ``export_onnx`` writes: the same random
+    parameters (those the module note describes), in eval mode, for any batch size."""
+    recipe = _recipe(name)
+    from treadle.models import require
+    torch = require("torch")
+    family = importlib.import_module(f"treadle.models.{recipe.family}")
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(SEED)
+        model = getattr(family, recipe.builder)(**(recipe.reduced if reduced else recipe.full))
+        _randomize_affine(model)
+        if recipe.family == "cnn":
+            _calibrate_batch_norm(model, recipe.reduced_size if reduced else recipe.size)
     return model.eval()
+
+
+def _recipe(name: str) -> Recipe:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; the zoo has {sorted(MODELS)}")
+    return MODELS[name]
 
 
 def _write(model, spec: ModelSpec) -> None:

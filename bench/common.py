@@ -1,0 +1,37 @@
+"""What the model benchmarks share: the cached ONNX exports of the zoo and the error measure.
+
+An exported model is kept in bench/out/ and redone when treadle/models changes.
+"""
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+import treadle
+from treadle.models import ModelSpec, export_onnx
+
+OUT = Path(__file__).resolve().parent / "out"
+MODELS_SOURCE = Path(treadle.__file__).resolve().parent / "models"
+RELATIVE_TOLERANCE = 1e-3  # of relative_error, for an output to pass
+
+
+def exported(name: str, reduced: bool, dynamic_seq: bool = False, batch: int = 1) -> ModelSpec:
+    """The model's ONNX file and spec, from the cache when it is newer than the zoo code."""
+    stem = (name + ("-reduced" if reduced else "") + ("-seq" if dynamic_seq else "")
+            + (f"-b{batch}" if batch != 1 else ""))
+    path, meta = OUT / f"{stem}.onnx", OUT / f"{stem}.spec.pkl"
+    newest_source = max(p.stat().st_mtime for p in MODELS_SOURCE.glob("*.py"))
+    if path.exists() and meta.exists() and meta.stat().st_mtime > newest_source:
+        return pickle.loads(meta.read_bytes())
+    spec = export_onnx(name, path, reduced=reduced, batch=batch, dynamic_seq=dynamic_seq)
+    meta.write_bytes(pickle.dumps(spec))
+    return spec
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """Max abs error over the output's max abs value: values near zero (logits, normalized
+    activations) make elementwise relative errors meaningless."""
+    error = float(np.abs(got.astype(np.float64) - want).max())
+    return error / (float(np.abs(want).max()) or 1.0)

@@ -7,19 +7,25 @@ Rules, applied to the computes an operator defines:
   first: outputs in the operator's buffers, intermediate reductions in workspaces;
 * a materialised tensor is a loop nest whose outer dimensions are flattened into one
   parallel loop (threads) over rows, with the last dimension innermost and contiguous, so
-  the C compiler can vectorise it; a reduction keeps a scalar accumulator per element.
+  the C compiler can vectorise it; a reduction keeps a scalar accumulator per element;
+* the innermost reduce loop of a float reduction is a vectorize loop accumulating in any
+  order (``Accumulate``), unless it is too short to fill a vector: C compilers keep a
+  float sum sequential otherwise, since reassociating it changes rounding.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from treadle.ir.compute import Compute, combine, identity_of, producer_of
-from treadle.ir.expr import Buffer, Expr, Load, Var, as_expr
+from treadle.ir.compute import Compute, identity_of, producer_of
+from treadle.ir.expr import Buffer, Const, Expr, Load, Var, as_expr
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.mapping import unravel
-from treadle.ir.stmt import Assert, DeclBuffer, For, Function, Let, Seq, Stmt, Store
+from treadle.ir.stmt import Accumulate, Assert, DeclBuffer, For, Function, Let, Seq, Stmt, Store
 from treadle.ir.builder import seq
+
+# A reduce loop shorter than this (when known) stays serial: one AVX2 vector of float32.
+MIN_VECTOR_REDUCE = 8
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,7 @@ def _canonical_names(func: Function, num_inputs: int, num_outputs: int) -> Funct
     def rename(node):
         if isinstance(node, Var):
             return variables.get(node)
-        if isinstance(node, (Load, Store, DeclBuffer)) and node.buffer in buffers:
+        if isinstance(node, (Load, Store, Accumulate, DeclBuffer)) and node.buffer in buffers:
             return replace(node, buffer=buffers[node.buffer])
         return None
     params = tuple(buffers.get(p, p) for p in func.params)
@@ -164,8 +170,18 @@ def _element(c: Compute, index: Sequence[Expr], inline: Inliner) -> Stmt:
     if not c.is_reduction:
         return Store(c.buffer, tuple(index), value)
     acc = Buffer(f"{c.name}_acc", c.dtype, (), "local")
-    update: Stmt = Store(acc, (), combine(c.reduce_op, acc[()], value))
-    for var, extent in reversed(list(zip(c.reduce_axes, c.reduce_extents))):
-        update = For(var, extent, update)
+    update: Stmt = Accumulate(acc, c.reduce_op, value)
+    for k, (var, extent) in reversed(list(enumerate(zip(c.reduce_axes, c.reduce_extents)))):
+        innermost = k == len(c.reduce_axes) - 1
+        update = For(var, extent, update, "vectorize" if innermost and _vector_reduce(c)
+                     else "serial")
     return Seq((DeclBuffer(acc), Store(acc, (), identity_of(c.reduce_op, c.dtype)), update,
                 Store(c.buffer, tuple(index), acc[()])))
+
+
+def _vector_reduce(c: Compute) -> bool:
+    """Whether the innermost reduce loop of ``c`` should be a vector reduction: a float
+    accumulator (integer sums are associative, so compilers vectorise them anyway) and a
+    loop not known to be shorter than a vector."""
+    extent = c.reduce_extents[-1]
+    return c.dtype.is_float and not (isinstance(extent, Const) and extent.value < MIN_VECTOR_REDUCE)

@@ -219,7 +219,7 @@ def _load(p: _FunctionPrinter, e: Load):
 
 
 def _libm_call(p: _FunctionPrinter, base: str, dtype: DataType, args: Sequence[str]):
-    name = base if dtype == dtypes.float64 else base + "f"
+    name = base if dtype == dtypes.float64 else p.prelude.f32_math(base) or base + "f"
     text = f"{name}({', '.join(args)})"
     # float16 math runs in float and rounds back.
     return (f"(_Float16){text}", UNARY) if dtype == dtypes.float16 else (text, PRIMARY)

@@ -184,4 +184,5 @@ def _vector_reduce(c: Compute) -> bool:
     accumulator (integer sums are associative, so compilers vectorise them anyway) and a
     loop not known to be shorter than a vector."""
     extent = c.reduce_extents[-1]
-    return c.dtype.is_float and not (isinstance(extent, Const) and extent.value < MIN_VECTOR_REDUCE)
+    short = isinstance(extent, Const) and extent.value < MIN_VECTOR_REDUCE
+    return c.dtype.is_float and not short

@@ -29,13 +29,14 @@ CASES = {
 }
 
 
-def _apply(name: str):
+def _apply(name: str, divide: bool = False):
+    """y[i] = f(x[i]), or f(x[i]) / x[0]: a division after the call must vectorise too."""
     with FunctionBuilder(f"apply_{name}") as fb:
         n = fb.symbol("n")
         x = fb.param("x", "float32", [n])
         y = fb.param("y", "float32", [n])
         for i in fb.range(n):
-            y[i] = call(name, x[i])
+            y[i] = call(name, x[i]) / x[0] if divide else call(name, x[i])
     return fb.function
 
 
@@ -65,9 +66,10 @@ def test_float32_math_matches_float64_reference(name):
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_loop_calling_float32_math_vectorises(name, tmp_path):
+@pytest.mark.parametrize("divide", [False, True])
+def test_loop_calling_float32_math_vectorises(name, divide, tmp_path):
     source = tmp_path / "kernel.c"
-    source.write_text(generate([_apply(name)]))
+    source.write_text(generate([_apply(name, divide)]))
     flags = [f for f in compiler_flags() if f != "-shared"]
     report = subprocess.run([config.cc, *flags, "-c", "-fopt-info-vec-optimized", "-o",
                              str(tmp_path / "kernel.o"), str(source)],

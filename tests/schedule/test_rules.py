@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from treadle.ir import dtypes
-from treadle.ir.compute import reduce
-from treadle.ir.expr import Buffer, Var
+from treadle.ir.compute import compute, reduce
+from treadle.ir.expr import Buffer, Load, Var, call
 from treadle.ir.functor import walk
 from treadle.ir.stmt import Accumulate, For, Store
 from treadle.ir.verify import verify
@@ -54,3 +54,23 @@ def test_vector_reduction_means_the_sequential_one(op):
     interpret(func, x, y)
     expected = getattr(x.astype(np.float64), op)(axis=1)
     np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_softmax_rows_share_one_parallel_loop_with_row_values_hoisted():
+    n, k = Var("N"), Var("K")
+    x = Buffer("x", dtypes.float32, (n, k))
+    high = reduce("max", [n, 1], [k], lambda i, _, r: x[i, r], "max")
+    total = reduce("sum", [n, 1], [k], lambda i, _, r: call("exp", x[i, r] - high[i, 0]))
+    out = compute("softmax", [n, k], lambda i, j: call("exp", x[i, j] - high[i, 0]) / total[i, 0])
+    func = schedule_computes("softmax", [x], [out]).function
+    verify(func)
+    assert [n.kind for n in walk(func.body) if isinstance(n, For)].count("parallel") == 1
+    # Inside the loops along a row, the row's maximum and sum are variables, not loads.
+    inner = [n for n in walk(func.body) if isinstance(n, For) and n.kind != "parallel"]
+    assert not any(isinstance(e, Load) and e.buffer.name.startswith("w")
+                   for loop in inner for e in walk(loop.body))
+    xs = np.random.default_rng(1).standard_normal((4, 9)).astype(np.float32)
+    y = np.empty_like(xs)
+    interpret(func, xs, y, np.empty((4, 1), np.float32), np.empty((4, 1), np.float32))
+    e = np.exp(xs - xs.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(y, e / e.sum(axis=1, keepdims=True), rtol=1e-6, atol=1e-7)

@@ -8,9 +8,10 @@ operand is evaluated once.
 
 Float32 exp, erf and tanh are our own (``F32_MATH``): glibc's vector variants exist only
 under -ffast-math, and a loop calling the scalar libm functions does not vectorise.
-These use only arithmetic, fma and bit operations, with no branch the vectoriser cannot
-turn into a select: a select choosing a constant would let gcc skip the computation on
-that path, and with -ftrapping-math it will not speculate a division back into the loop.
+These use only arithmetic, fma and bit operations, and clamp with integer min and max:
+a float select choosing a constant lets gcc specialise that path (the result folds to a
+constant there), and with -ftrapping-math it will not if-convert a division in the
+caller (softmax's exp(x - m) / s) that has become conditional by it.
 """
 from __future__ import annotations
 
@@ -65,12 +66,17 @@ static inline float treadle_f32_from_bits(uint32_t bits) {
 # exp(x) = 2^n exp(r), x = n ln2 + r, |r| <= ln2 / 2 (ln2 in two parts, Cody-Waite), exp(r)
 # by Cephes' degree-6 polynomial; max relative error 8.5e-8 (< 1 ulp) for normal results.
 # Adding 1.5 * 2^23 rounds x / ln2 to the integer n, which the low bits then hold. 2^n is
-# two factors so that results near overflow and subnormal ones round once. Clamping keeps
-# n in range and lets NaN through (comparisons with NaN are false).
+# two factors so that results near overflow and subnormal ones round once. x is clamped
+# to [-104, 89] (where exp is 0 and inf) as an integer min and max of its bits mapped to
+# an order-preserving key (the bits of a negative float count down); a NaN x is passed
+# through at the end with a bit mask.
 EXPF = """\
 static inline float treadle_expf(float x) {
-    float c = x < -104.0f ? -104.0f : x;
-    c = c > 89.0f ? 89.0f : c;
+    uint32_t bits = treadle_f32_bits(x);
+    int32_t key = (int32_t)(bits ^ ((uint32_t)((int32_t)bits >> 31) & 0x7fffffffu));
+    key = key < -1120927745 ? -1120927745 : key;  /* -104.0f */
+    key = key > 0x42b20000 ? 0x42b20000 : key;  /* 89.0f */
+    float c = treadle_f32_from_bits((uint32_t)key ^ ((uint32_t)(key >> 31) & 0x7fffffffu));
     float shifted = fmaf(c, 1.44269504f, 12582912.0f);
     float k = shifted - 12582912.0f;
     int32_t n = (int32_t)(treadle_f32_bits(shifted) - treadle_f32_bits(12582912.0f));
@@ -84,8 +90,10 @@ static inline float treadle_expf(float x) {
     p = fmaf(p, r, 5.0000001201e-1f);
     p = fmaf(p * r, r, r) + 1.0f;
     int32_t half = n >> 1;
-    return p * treadle_f32_from_bits((uint32_t)(half + 127) << 23)
-             * treadle_f32_from_bits((uint32_t)(n - half + 127) << 23);
+    float y = p * treadle_f32_from_bits((uint32_t)(half + 127) << 23)
+                * treadle_f32_from_bits((uint32_t)(n - half + 127) << 23);
+    uint32_t nan = (bits & 0x7fffffffu) > 0x7f800000u ? 0xffffffffu : 0u;
+    return treadle_f32_from_bits((treadle_f32_bits(y) & ~nan) | (bits & nan));
 }"""
 
 

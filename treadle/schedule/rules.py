@@ -8,6 +8,8 @@ Rules, applied to the computes an operator defines:
 * a materialised tensor is a loop nest whose outer dimensions are flattened into one
   parallel loop (threads) over rows, with the last dimension innermost and contiguous, so
   the C compiler can vectorise it; a reduction keeps a scalar accumulator per element;
+* consecutive tensors with the same rows, each reading the others only within its own
+  row (softmax's maximum, sum and output), share one loop over rows;
 * the innermost reduce loop of a float reduction is a vectorize loop accumulating in any
   order (``Accumulate``), unless it is too short to fill a vector: C compilers keep a
   float sum sequential otherwise, since reassociating it changes rounding.
@@ -45,8 +47,7 @@ def schedule_computes(name: str, inputs: Sequence[Buffer | None], outputs: Seque
     materialised = _materialise_order(outputs, computes)
     workspaces = tuple(c.buffer for c in materialised if c not in outputs)
     body = [Assert(cond, message) for cond, message in checks]
-    for c in materialised:
-        body.append(_loop_nest(c, inline))
+    body += [_loop_nest(group, inline) for group in _row_groups(materialised, inline)]
     body_stmt = seq(body) if body else Seq(())
     used = {n.buffer for n in walk(body_stmt) if isinstance(n, (Load, Store))}
     params: list = [b for b in inputs if b is not None and b in used]
@@ -149,20 +150,62 @@ class Inliner:
         return rewrite(expr, visit)
 
 
-def _loop_nest(c: Compute, inline: Inliner) -> Stmt:
-    shape = c.shape
-    if not shape:
+def _row_groups(materialised: Sequence[Compute], inline: Inliner) -> list[list[Compute]]:
+    """Consecutive computes with the same rows (all dimensions but the last) where each
+    reads the earlier ones only in its own row: they share one parallel loop over rows,
+    so a row's reductions are computed just before their users, while it is in cache."""
+    groups: list[list[Compute]] = []
+    for c in materialised:
+        if groups and _row_local(groups[-1], c, inline):
+            groups[-1].append(c)
+        else:
+            groups.append([c])
+    return groups
+
+
+def _row_local(group: list[Compute], c: Compute, inline: Inliner) -> bool:
+    rows = c.shape[:-1]
+    if not rows or any(g.shape[:-1] != rows for g in group):
+        return False
+    earlier = {g.buffer for g in group}
+    return all(load.indices[:-1] == c.axes[:-1] for load in walk(inline(c.value))
+               if isinstance(load, Load) and load.buffer in earlier)
+
+
+def _loop_nest(group: list[Compute], inline: Inliner) -> Stmt:
+    """A parallel loop over the group's rows, each compute's last dimension innermost."""
+    c = group[0]
+    if not c.shape:
         return _element(c, (), inline)
-    outer_shape, inner = shape[:-1], shape[-1]
-    j = Var(f"{c.name}_j")
+    outer_shape, inner = c.shape[:-1], c.shape[-1]
     if not outer_shape:
+        j = Var(f"{c.name}_j")
         return For(j, inner, _element(c, (j,), inline), "parallel")
     row = Var(f"{c.name}_row")
     outer_count = as_expr(1)
     for d in outer_shape:
         outer_count = outer_count * d
-    index = (*unravel(row, outer_shape), j)
-    return For(row, outer_count, For(j, inner, _element(c, index, inline)), "parallel")
+    coords = unravel(row, outer_shape)
+    rows: list[Stmt] = []
+    for k, member in enumerate(group):
+        j = Var(f"{member.name}_j")
+        element = _element(member, (*coords, j), inline)
+        lets, element = _hoist_row_values(element, {g.buffer for g in group[:k]}, j)
+        rows += [*lets, For(j, member.shape[-1], element)]
+    return For(row, outer_count, seq(rows), "parallel")
+
+
+def _hoist_row_values(stmt: Stmt, earlier: set[Buffer], j: Var) -> tuple[list[Let], Stmt]:
+    """Binds the loads of ``earlier`` computes that do not vary along ``j`` (a row's
+    maximum, its sum) before the loop: inside a parallel region gcc no longer knows the
+    buffers do not alias, and would reload them each iteration and not vectorise."""
+    lets: dict[Load, Let] = {}
+    for n in walk(stmt):
+        if isinstance(n, Load) and n.buffer in earlier and n not in lets and not any(
+                j in free_vars(i) for i in n.indices):
+            lets[n] = Let(Var(f"{n.buffer.name}_at_{j.name}", n.dtype), n)
+    hoisted = rewrite(stmt, lambda n: lets[n].var if isinstance(n, Load) and n in lets else None)
+    return list(lets.values()), hoisted
 
 
 def _element(c: Compute, index: Sequence[Expr], inline: Inliner) -> Stmt:

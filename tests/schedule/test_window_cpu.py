@@ -14,6 +14,7 @@ from treadle.graph.tensor import Tensor, constant
 from treadle.ir.expr import Load
 from treadle.ir.functor import walk
 from treadle.ir.stmt import For, Store
+from treadle.ir.verify import verify
 from treadle.schedule.operator import schedule_operator
 from treadle.schedule.templates.window_cpu import match_window
 
@@ -39,6 +40,7 @@ def test_depthwise_conv_kernel_vectorises_rows_with_scalar_input_and_output_acce
     op = _operator(Graph.from_outputs([x], [y]))
     assert match_window(op.definition[0]) is not None
     func = schedule_operator(op, "dw").function
+    verify(func)
     loops = [n for n in walk(func.body) if isinstance(n, For)]
     assert [n.kind for n in loops].count("parallel") == 1
     assert any(n.kind == "vectorize" for n in loops)

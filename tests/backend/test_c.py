@@ -472,3 +472,38 @@ def test_bfloat16_rounds_to_nearest_even_and_keeps_specials():
     h = np.zeros(len(values), np.uint16)
     _compile(fb.function).to_bf16(values, h)
     np.testing.assert_array_equal(h, _bf16_bits(values))
+
+
+def _row_reduce(op: str, init: float):
+    """y[i] = op over x[i, :], accumulated in a vectorize loop."""
+    with FunctionBuilder(f"row_{op}") as fb:
+        M, K = fb.symbol("M"), fb.symbol("K")
+        x = fb.param("x", "float32", [M, K])
+        y = fb.param("y", "float32", [M])
+        for i in fb.range(M, kind="parallel"):
+            acc = fb.scalar("acc", "float32", init)
+            for k in fb.range(K, kind="vectorize", name="k"):
+                fb.accumulate(acc, op, x[i, k])
+            y[i] = acc[()]
+    return fb.function
+
+
+@pytest.mark.parametrize("op, init, reference", [
+    ("sum", 0.0, lambda x: x.sum(axis=1)),
+    ("max", -float("inf"), lambda x: x.max(axis=1)),
+    ("min", float("inf"), lambda x: x.min(axis=1)),
+])
+def test_accumulate_in_vectorize_loop_is_an_omp_reduction(op, init, reference):
+    func = _row_reduce(op, init)
+    symbol = {"sum": "+", "max": "max", "min": "min"}[op]
+    assert f"#pragma omp simd reduction({symbol}:acc)" in generate([func])
+    kernel = getattr(_compile(func), func.name)
+    for cols in (1, 7, 61, 2039):  # shorter than, between and past whole vectors
+        x = np.random.default_rng(cols).standard_normal((5, cols)).astype(np.float32)
+        y = np.empty(5, np.float32)
+        kernel(x, y)
+        # Max and min are exact in any order; a reassociated float32 sum of K terms is
+        # within a few ulp of the float64 sum times sqrt(K).
+        expected = reference(x.astype(np.float64))
+        tol = 1e-6 * np.sqrt(cols) * np.abs(x).sum(axis=1) if op == "sum" else 0
+        assert np.all(np.abs(y - expected) <= tol), (cols, y, expected)

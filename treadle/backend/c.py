@@ -32,8 +32,9 @@ from treadle.ir.dtypes import DataType
 from treadle.ir.expr import (BIT_OPS, COMPARE_OPS, LOGIC_OPS, Binary, Broadcast, Buffer, Call,
                              Cast, Const, Expr, Load, Select, Unary, Var, as_expr)
 from treadle.ir.functor import walk
-from treadle.ir.stmt import (Assert, Barrier, DeclBuffer, Evaluate, For, ForTask, Function, If,
-                             Let, Seq, Stmt, Store)
+from treadle.ir.compute import combine
+from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, Evaluate, For, ForTask,
+                             Function, If, Let, Seq, Stmt, Store)
 
 PRIMARY, UNARY, TERNARY = 16, 15, 3  # C precedence levels; higher binds tighter
 
@@ -218,7 +219,7 @@ def _load(p: _FunctionPrinter, e: Load):
 
 
 def _libm_call(p: _FunctionPrinter, base: str, dtype: DataType, args: Sequence[str]):
-    name = base if dtype == dtypes.float64 else base + "f"
+    name = base if dtype == dtypes.float64 else p.prelude.f32_math(base) or base + "f"
     text = f"{name}({', '.join(args)})"
     # float16 math runs in float and rounds back.
     return (f"(_Float16){text}", UNARY) if dtype == dtypes.float16 else (text, PRIMARY)
@@ -309,6 +310,10 @@ def _store(p: _FunctionPrinter, s: Store) -> None:
     p.emit(f"{target} = {p.text_as(s.value, value_type)};")
 
 
+def _accumulate(p: _FunctionPrinter, s: Accumulate) -> None:
+    _store(p, Store(s.buffer, (), combine(s.op, s.buffer[()], s.value)))
+
+
 def _let(p: _FunctionPrinter, s: Let) -> None:
     value = p.text(s.value)
     p.emit(f"const {p.type(s.var.dtype)} {p.names.declare(s.var, s.var.name)} = {value};")
@@ -339,13 +344,29 @@ def _assert(p: _FunctionPrinter, s: Assert) -> None:
     p.emit("}")
 
 
-LOOP_PRAGMAS: dict[str, Callable[[For], str | None]] = {
-    "serial": lambda s: None,
-    "parallel": lambda s: ("#pragma omp parallel for schedule(static) "
-                           "num_threads(treadle_num_threads)"),
-    "unroll": lambda s: (f"#pragma GCC unroll {max(1, min(s.extent.value, UNROLL_CAP))}"
-                         if isinstance(s.extent, Const) else None),
-    "vectorize": lambda s: "#pragma omp simd",
+# Reduction -> OpenMP reduction-identifier, for the Accumulates of a vectorize loop.
+OMP_REDUCTIONS = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
+
+
+def _simd(p: _FunctionPrinter, s: For) -> str:
+    """``omp simd``, with a reduction clause for each accumulator the loop updates but
+    does not declare: each lane then keeps a partial result, combined after the loop."""
+    declared = {n.buffer for n in walk(s.body) if isinstance(n, DeclBuffer)}
+    clauses = {}
+    for n in walk(s.body):
+        if isinstance(n, Accumulate) and n.buffer not in declared:
+            op = p.table(OMP_REDUCTIONS, n.op, "OMP_REDUCTIONS")
+            clauses[f"reduction({op}:{p.name_of(n.buffer)})"] = None
+    return " ".join(["#pragma omp simd", *clauses])
+
+
+LOOP_PRAGMAS: dict[str, Callable[[_FunctionPrinter, For], str | None]] = {
+    "serial": lambda p, s: None,
+    "parallel": lambda p, s: ("#pragma omp parallel for schedule(static) "
+                              "num_threads(treadle_num_threads)"),
+    "unroll": lambda p, s: (f"#pragma GCC unroll {max(1, min(s.extent.value, UNROLL_CAP))}"
+                            if isinstance(s.extent, Const) else None),
+    "vectorize": _simd,
 }
 
 
@@ -354,7 +375,7 @@ def _for(p: _FunctionPrinter, s: For) -> None:
     # OpenMP cannot nest a parallel loop inside an OpenMP loop, nor simd inside simd.
     if (kind == "parallel" and p.omp_loops) or (kind == "vectorize" and kind in p.omp_loops):
         kind = "serial"
-    pragma = p.table(LOOP_PRAGMAS, kind, "LOOP_PRAGMAS")(s)
+    pragma = p.table(LOOP_PRAGMAS, kind, "LOOP_PRAGMAS")(p, s)
     if pragma:
         p.emit(pragma)
     extent = p.text(s.extent)
@@ -376,6 +397,7 @@ STMT_PRINTERS: dict[type, Callable] = {
     For: _for,
     If: _if,
     Store: _store,
+    Accumulate: _accumulate,
     Let: _let,
     DeclBuffer: _decl_buffer,
     Assert: _assert,

@@ -2,8 +2,16 @@
 
 A ``Prelude`` collects what one source file uses: vector typedefs and small ``static
 inline`` helpers (min/max, safe integer division, reductions, broadcasts, bfloat16
-conversions), each emitted once, in first-use order, so typedefs precede their users.
-Helpers are functions rather than macros so that each operand is evaluated once.
+conversions, float32 math), each emitted once, in first-use order, so typedefs and
+helpers precede their users. Helpers are functions rather than macros so that each
+operand is evaluated once.
+
+Float32 exp, erf and tanh are our own (``F32_MATH``): glibc's vector variants exist only
+under -ffast-math, and a loop calling the scalar libm functions does not vectorise.
+These use only arithmetic, fma and bit operations, and clamp with integer min and max:
+a float select choosing a constant lets gcc specialise that path (the result folds to a
+constant there), and with -ftrapping-math it will not if-convert a division in the
+caller (softmax's exp(x - m) / s) that has become conditional by it.
 """
 from __future__ import annotations
 
@@ -40,6 +48,105 @@ static inline uint16_t treadle_f32_to_bf16(float value) {
     bits += 0x7fffu + ((bits >> 16) & 1u);
     return (uint16_t)(bits >> 16);
 }"""
+
+
+F32_BITS = """\
+static inline uint32_t treadle_f32_bits(float value) {
+    uint32_t bits;
+    __builtin_memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+
+static inline float treadle_f32_from_bits(uint32_t bits) {
+    float value;
+    __builtin_memcpy(&value, &bits, sizeof value);
+    return value;
+}"""
+
+# exp(x) = 2^n exp(r), x = n ln2 + r, |r| <= ln2 / 2 (ln2 in two parts, Cody-Waite), exp(r)
+# by Cephes' degree-6 polynomial; max relative error 8.5e-8 (< 1 ulp) for normal results.
+# Adding 1.5 * 2^23 rounds x / ln2 to the integer n, which the low bits then hold. 2^n is
+# two factors so that results near overflow and subnormal ones round once. x is clamped
+# to [-104, 89] (where exp is 0 and inf) as an integer min and max of its bits mapped to
+# an order-preserving key (the bits of a negative float count down); a NaN x is passed
+# through at the end with a bit mask.
+EXPF = """\
+static inline float treadle_expf(float x) {
+    uint32_t bits = treadle_f32_bits(x);
+    int32_t key = (int32_t)(bits ^ ((uint32_t)((int32_t)bits >> 31) & 0x7fffffffu));
+    key = key < -1120927745 ? -1120927745 : key;  /* -104.0f */
+    key = key > 0x42b20000 ? 0x42b20000 : key;  /* 89.0f */
+    float c = treadle_f32_from_bits((uint32_t)key ^ ((uint32_t)(key >> 31) & 0x7fffffffu));
+    float shifted = fmaf(c, 1.44269504f, 12582912.0f);
+    float k = shifted - 12582912.0f;
+    int32_t n = (int32_t)(treadle_f32_bits(shifted) - treadle_f32_bits(12582912.0f));
+    float r = fmaf(k, -0.693145752f, c);
+    r = fmaf(k, -1.42860677e-6f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p * r, r, r) + 1.0f;
+    int32_t half = n >> 1;
+    float y = p * treadle_f32_from_bits((uint32_t)(half + 127) << 23)
+                * treadle_f32_from_bits((uint32_t)(n - half + 127) << 23);
+    uint32_t nan = (bits & 0x7fffffffu) > 0x7f800000u ? 0xffffffffu : 0u;
+    return treadle_f32_from_bits((treadle_f32_bits(y) & ~nan) | (bits & nan));
+}"""
+
+
+def _odd_rational(name: str, limit: str, numerator: list[str], denominator: list[str]) -> str:
+    """f(x) = sign(x) * c * P(c^2) / Q(c^2) with c = min(|x|, limit), and +-1 from the
+    limit on. The clamp is an integer min on the magnitude's bits (NaN bits stay,
+    being larger than any finite value's), so no path skips the division."""
+    def horner(var: str, coefficients: list[str]) -> list[str]:
+        return ([f"    float {var} = {coefficients[0]}f;"]
+                + [f"    {var} = fmaf({var}, s, {c}f);" for c in coefficients[1:]])
+    return "\n".join([
+        f"static inline float {name}(float x) {{",
+        "    uint32_t bits = treadle_f32_bits(x);",
+        "    uint32_t magnitude = bits & 0x7fffffffu;",
+        f"    uint32_t clamped = magnitude < {limit} ? magnitude : {limit};",
+        "    clamped = magnitude > 0x7f800000u ? magnitude : clamped;",
+        "    float c = treadle_f32_from_bits(clamped);",
+        "    float s = c * c;",
+        *horner("p", numerator),
+        *horner("q", denominator),
+        "    uint32_t r = treadle_f32_bits(c * (p / q));",
+        # At the clamp the function is 1 (tanh's rational stops 5 ulp short of it); the
+        # bit mask blend keeps the division on every path.
+        f"    uint32_t saturated = clamped == {limit} ? 0xffffffffu : 0u;",
+        "    r = (r & ~saturated) | (0x3f800000u & saturated);",
+        "    return treadle_f32_from_bits(r | (bits & 0x80000000u));",
+        "}"])
+
+
+# erf: XLA's rational approximation on [-4, 4]; max error 6.5 ulp (relative 4e-7).
+ERFF = _odd_rational(
+    "treadle_erff", "0x40800000u",  # 4.0f
+    ["-2.72614225801306e-10", "2.77068142495902e-08", "-2.10102402082508e-06",
+     "-5.69250639462346e-05", "-7.34990630326855e-04", "-2.95459980854025e-03",
+     "-1.60960333262415e-02"],
+    ["-1.45660718464996e-05", "-2.13374055278905e-04", "-1.68282697438203e-03",
+     "-7.37332916720468e-03", "-1.42647390514189e-02"])
+
+# tanh: XLA's rational approximation on [-7.9053, 7.9053]; max error 5 ulp.
+TANHF = _odd_rational(
+    "treadle_tanhf", "0x40fcf84fu",  # 7.90531110763549805f
+    ["-2.76076847742355e-16", "2.00018790482477e-13", "-8.60467152213735e-11",
+     "5.12229709037114e-08", "1.48572235717979e-05", "6.37261928875436e-04",
+     "4.89352455891786e-03"],
+    ["1.19825839466702e-06", "1.18534705686654e-04", "2.26843463243900e-03",
+     "4.89352518554385e-03"])
+
+# Primitive -> (C function, definition); each calls the F32_BITS helpers.
+F32_MATH: dict[str, tuple[str, str]] = {
+    "exp": ("treadle_expf", EXPF),
+    "erf": ("treadle_erff", ERFF),
+    "tanh": ("treadle_tanhf", TANHF),
+}
 
 
 def c_scalar_type(dtype: DataType) -> str:
@@ -151,6 +258,15 @@ class Prelude:
     def bfloat16_conversion(self, to_bfloat16: bool) -> str:
         name, text = (("treadle_f32_to_bf16", F32_TO_BF16) if to_bfloat16
                       else ("treadle_bf16_to_f32", BF16_TO_F32))
+        self.parts.setdefault(name, text)
+        return name
+
+    def f32_math(self, primitive: str) -> str | None:
+        """Our float32 function for ``primitive`` (see F32_MATH), or None to call libm."""
+        if primitive not in F32_MATH:
+            return None
+        name, text = F32_MATH[primitive]
+        self.parts.setdefault("treadle_f32_bits", F32_BITS)
         self.parts.setdefault(name, text)
         return name
 

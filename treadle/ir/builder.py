@@ -24,8 +24,8 @@ from treadle.ir import dtypes
 from treadle.ir.dtypes import DataType
 from treadle.ir.expr import Buffer, Expr, Var, as_expr
 from treadle.ir.mapping import TaskMapping
-from treadle.ir.stmt import (Assert, Barrier, DeclBuffer, Evaluate, For, ForTask, Function, If,
-                             Let, Seq, Stmt, Store)
+from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, Evaluate, For, ForTask,
+                             Function, If, Let, Seq, Stmt, Store)
 
 _active = threading.local()
 
@@ -124,6 +124,10 @@ class FunctionBuilder:
 
     def store(self, buffer: Buffer, indices: Sequence, value) -> None:
         self.emit(Store(buffer, tuple(indices), value))
+
+    def accumulate(self, acc: Buffer, op: str, value) -> None:
+        """``acc = op(acc, value)`` into a local scalar, in any order (see ``Accumulate``)."""
+        self.emit(Accumulate(acc, op, value))
 
     def barrier(self) -> None:
         self.emit(Barrier())

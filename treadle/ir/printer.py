@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from treadle.ir.expr import (Binary, Broadcast, Buffer, Call, Cast, Const, Expr, Load, Select,
                              Unary, Var)
-from treadle.ir.stmt import (Assert, Barrier, DeclBuffer, Evaluate, For, ForTask, Function, If,
-                             Let, Seq, Stmt, Store)
+from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, Evaluate, For, ForTask,
+                             Function, If, Let, Seq, Stmt, Store)
 
 # Binding strength of binary operators; higher binds tighter.
 PRECEDENCE = {"or": 1, "and": 2, "<": 4, "<=": 4, ">": 4, ">=": 4, "==": 4, "!=": 4,
@@ -16,6 +16,8 @@ PRECEDENCE = {"or": 1, "and": 2, "<": 4, "<=": 4, ">": 4, ">=": 4, "==": 4, "!="
               "*": 10, "/": 10, "//": 10, "%": 10}
 ATOM = 12
 UNARY_TEXT = {"neg": "-", "not": "not ", "~": "~"}
+# Accumulate prints as an augmented assignment: `acc += v`, `acc max= v`.
+ACCUMULATE_TEXT = {"sum": "+=", "prod": "*=", "max": "max=", "min": "min="}
 
 
 def _const(e: Const) -> tuple[str, int]:
@@ -109,6 +111,8 @@ STMT_FORMAT = {
     ForTask: _for_task,
     If: _if,
     Store: _store,
+    Accumulate: lambda s, pad: [f"{pad}{s.buffer.name} {ACCUMULATE_TEXT[s.op]} "
+                                f"{format_expr(s.value)}"],
     Let: lambda s, pad: [f"{pad}let {s.var.name}: {s.var.dtype} = {format_expr(s.value)}"],
     DeclBuffer: lambda s, pad: [f"{pad}{s.buffer.scope} {s.buffer.name}: "
                                 f"{format_buffer_type(s.buffer)}"],

@@ -88,6 +88,25 @@ class Store(Stmt):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
+class Accumulate(Stmt):
+    """``buffer = op(buffer, value)`` into a local scalar (``op`` a reduction of
+    ``treadle.ir.compute.REDUCERS``), in whatever order and grouping the enclosing loops
+    like. A ``vectorize`` loop around it becomes a reduction loop, keeping one partial
+    result per vector lane: a float sum then rounds differently from the sequential order;
+    max and min are exact."""
+    buffer: Buffer
+    op: str
+    value: Expr
+
+    def __post_init__(self):
+        value = as_expr(self.value, self.buffer.dtype)
+        if value.dtype != self.buffer.dtype:
+            raise TypeError(f"accumulate of {value.dtype} value into {self.buffer.dtype} "
+                            f"accumulator {self.buffer.name}; cast it explicitly")
+        object.__setattr__(self, "value", value)
+
+
+@dataclass(frozen=True, eq=True, repr=False)
 class Let(Stmt):
     """Binds an immutable variable for the rest of the enclosing Seq."""
     var: Var

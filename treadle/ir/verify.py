@@ -2,7 +2,7 @@
 
 Checked: every variable and buffer is defined before use and not redefined in scope;
 index counts match buffer ranks and indices are integers; loop extents are integers and
-conditions booleans; vector accesses fit the buffer's type; task-mapping loops run with
+conditions booleans; accumulators are local scalars; vector accesses fit the buffer's type; task-mapping loops run with
 the worker count their mapping has; barriers sit where ``split_barriers`` can place them;
 a lowered program has no task-mapping loops or barriers left. A failure raises
 ``IRError`` quoting the statement at fault.
@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from treadle.errors import IRError
 from treadle.ir.expr import Buffer, Expr, Load, Var
 from treadle.ir.functor import walk
-from treadle.ir.stmt import (Assert, Barrier, DeclBuffer, Evaluate, For, ForTask, Function, If,
-                             Let, Seq, Stmt, Store)
+from treadle.ir.compute import REDUCERS
+from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, Evaluate, For, ForTask,
+                             Function, If, Let, Seq, Stmt, Store)
 
 
 @dataclass
@@ -133,6 +134,16 @@ class _Verifier:
         if s.buffer.dtype.is_vector and s.value.dtype != s.buffer.dtype:
             raise IRError(f"store of {s.value.dtype} into {s.buffer.dtype} buffer "
                           f"'{s.buffer.name}':\n{s}")
+
+    def _accumulate(self, s: Accumulate, scope: _Scope, barrier_ok: bool) -> None:
+        _check_expr(s.value, scope, s)
+        _check_access(s.buffer, (), 1, scope, s)
+        if s.op not in REDUCERS:
+            raise IRError(f"accumulate with unknown reduction {s.op!r}; known: "
+                          f"{', '.join(REDUCERS)}:\n{s}")
+        if s.buffer.scope != "local" or s.buffer.rank != 0:
+            raise IRError(f"accumulator {s.buffer.name} is a {s.buffer.scope} buffer of rank "
+                          f"{s.buffer.rank}; accumulate into a local scalar:\n{s}")
 
     def _let(self, s: Let, scope: _Scope, barrier_ok: bool) -> None:
         _check_expr(s.value, scope, s)

@@ -24,14 +24,15 @@ import numpy as np
 
 from treadle.errors import IRError, KernelError, ShapeError, UnsupportedOpError
 from treadle.ir import dtypes
+from treadle.ir.compute import combine
 from treadle.ir.dtypes import DataType
 from treadle.ir.functor import walk
 from treadle.ir.mapping import instantiate
 from treadle.ir.expr import (Binary, Broadcast, Buffer, Call, Cast, Const, Expr, Load, Select,
                              Unary, Var, as_expr)
 from treadle.ir.primitives import PRIMITIVES
-from treadle.ir.stmt import (Assert, Barrier, DeclBuffer, Evaluate, For, ForTask, Function, If,
-                             Let, Seq, Stmt, Store)
+from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, Evaluate, For, ForTask,
+                             Function, If, Let, Seq, Stmt, Store)
 from treadle.runtime.arguments import bind_arguments
 
 # Variables map to numpy scalars or lane arrays, buffers to numpy arrays.
@@ -161,6 +162,10 @@ def _store(stmt: Store, env: Env) -> None:
     array[index] = _eval(stmt.value, env)
 
 
+def _accumulate(stmt: Accumulate, env: Env) -> None:
+    _store(Store(stmt.buffer, (), combine(stmt.op, stmt.buffer[()], stmt.value)), env)
+
+
 def _let(stmt: Let, env: Env) -> None:
     env[stmt.var] = _eval(stmt.value, env)
 
@@ -193,6 +198,7 @@ STMT_EXEC: dict[type, Callable[[Any, Env], None]] = {
     ForTask: _for_task,
     If: _if,
     Store: _store,
+    Accumulate: _accumulate,
     Let: _let,
     DeclBuffer: _decl_buffer,
     Barrier: _barrier,

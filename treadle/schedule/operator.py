@@ -1,18 +1,20 @@
-"""Which schedule an operator gets: a template when its compute definition matches one,
-otherwise the rule-based schedule. Templates recognise computes, not operator names.
-``tune`` is the tuning level of template configurations (see ``treadle.tune``): 0 takes
-the analytic default, 1 and 2 measure a small or the full space, or replay a record."""
+"""Which schedule an operator gets: a template when its compute definition matches one
+(GEMM, then sliding window), otherwise the rule-based schedule. Templates recognise
+computes, not operator names. ``tune`` is the tuning level of template configurations
+(see ``treadle.tune``): 0 takes the analytic default, 1 and 2 measure a small or the full
+space, or replay a record."""
 from __future__ import annotations
 
 from treadle.graph.operator import Operator
 from treadle.schedule.rules import Kernel, schedule_computes
 from treadle.graph.tensor import normalize_dim
 from treadle.schedule.templates.matmul_cpu import GemmPattern, match_gemm_output, schedule_gemm
+from treadle.schedule.templates.window_cpu import match_window, schedule_window
 from treadle.tune.exhaustive import tune_gemm
 
 
 # Below this many output columns a GEMM tile is mostly padding (depthwise convolution,
-# matrix-vector products); the rule-based loops serve those better.
+# matrix-vector products); the window template or the rule-based loops serve those better.
 MIN_GEMM_COLUMNS = 8
 
 
@@ -22,6 +24,9 @@ def schedule_operator(op: Operator, name: str, tune: int = 0) -> Kernel:
         if pattern is not None and _wide_enough(pattern):
             cfg = tune_gemm(name, op.input_buffers, pattern, tune)
             return schedule_gemm(name, op.input_buffers, pattern, cfg, op.checks)
+        window = match_window(op.definition[0])
+        if window is not None:
+            return schedule_window(name, op.input_buffers, window, op.checks)
     return schedule_computes(name, op.input_buffers, op.definition, op.checks)
 
 

@@ -7,19 +7,28 @@ Rules, applied to the computes an operator defines:
   first: outputs in the operator's buffers, intermediate reductions in workspaces;
 * a materialised tensor is a loop nest whose outer dimensions are flattened into one
   parallel loop (threads) over rows, with the last dimension innermost and contiguous, so
-  the C compiler can vectorise it; a reduction keeps a scalar accumulator per element.
+  the C compiler can vectorise it; a reduction keeps a scalar accumulator per element;
+* consecutive tensors with the same rows, each reading the others only within its own
+  row (softmax's maximum, sum and output), share one loop over rows;
+* the innermost reduce loop of a float reduction is a vectorize loop accumulating in any
+  order (``Accumulate``), unless it is too short to fill a vector: C compilers keep a
+  float sum sequential otherwise, since reassociating it changes rounding.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from treadle.ir.compute import Compute, combine, identity_of, producer_of
-from treadle.ir.expr import Buffer, Expr, Load, Var, as_expr
+from treadle.ir.compute import Compute, identity_of, producer_of
+from treadle.ir.expr import Buffer, Const, Expr, Load, Var, as_expr
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.mapping import unravel
-from treadle.ir.stmt import Assert, DeclBuffer, For, ForTask, Function, Let, Seq, Stmt, Store
+from treadle.ir.stmt import (Accumulate, Assert, DeclBuffer, For, ForTask, Function, Let, Seq,
+                             Stmt, Store)
 from treadle.ir.builder import seq
+
+# A reduce loop shorter than this (when known) stays serial: one AVX2 vector of float32.
+MIN_VECTOR_REDUCE = 8
 
 
 @dataclass(frozen=True)
@@ -39,8 +48,7 @@ def schedule_computes(name: str, inputs: Sequence[Buffer | None], outputs: Seque
     materialised = _materialise_order(outputs, computes)
     workspaces = tuple(c.buffer for c in materialised if c not in outputs)
     body = [Assert(cond, message) for cond, message in checks]
-    for c in materialised:
-        body.append(_loop_nest(c, inline))
+    body += [_loop_nest(group, inline) for group in _row_groups(materialised, inline)]
     body_stmt = seq(body) if body else Seq(())
     used = {n.buffer for n in walk(body_stmt) if isinstance(n, (Load, Store))}
     params: list = [b for b in inputs if b is not None and b in used]
@@ -79,7 +87,7 @@ def canonical_names(func: Function, num_inputs: int, num_outputs: int) -> Functi
     def rename(node):
         if isinstance(node, Var):
             return variables.get(node)
-        if isinstance(node, (Load, Store, DeclBuffer)) and node.buffer in buffers:
+        if isinstance(node, (Load, Store, Accumulate, DeclBuffer)) and node.buffer in buffers:
             return replace(node, buffer=buffers[node.buffer])
         return None
     params = tuple(buffers.get(p, p) for p in func.params)
@@ -150,20 +158,62 @@ class Inliner:
         return rewrite(expr, visit)
 
 
-def _loop_nest(c: Compute, inline: Inliner) -> Stmt:
-    shape = c.shape
-    if not shape:
+def _row_groups(materialised: Sequence[Compute], inline: Inliner) -> list[list[Compute]]:
+    """Consecutive computes with the same rows (all dimensions but the last) where each
+    reads the earlier ones only in its own row: they share one parallel loop over rows,
+    so a row's reductions are computed just before their users, while it is in cache."""
+    groups: list[list[Compute]] = []
+    for c in materialised:
+        if groups and _row_local(groups[-1], c, inline):
+            groups[-1].append(c)
+        else:
+            groups.append([c])
+    return groups
+
+
+def _row_local(group: list[Compute], c: Compute, inline: Inliner) -> bool:
+    rows = c.shape[:-1]
+    if not rows or any(g.shape[:-1] != rows for g in group):
+        return False
+    earlier = {g.buffer for g in group}
+    return all(load.indices[:-1] == c.axes[:-1] for load in walk(inline(c.value))
+               if isinstance(load, Load) and load.buffer in earlier)
+
+
+def _loop_nest(group: list[Compute], inline: Inliner) -> Stmt:
+    """A parallel loop over the group's rows, each compute's last dimension innermost."""
+    c = group[0]
+    if not c.shape:
         return _element(c, (), inline)
-    outer_shape, inner = shape[:-1], shape[-1]
-    j = Var(f"{c.name}_j")
+    outer_shape, inner = c.shape[:-1], c.shape[-1]
     if not outer_shape:
+        j = Var(f"{c.name}_j")
         return For(j, inner, _element(c, (j,), inline), "parallel")
     row = Var(f"{c.name}_row")
     outer_count = as_expr(1)
     for d in outer_shape:
         outer_count = outer_count * d
-    index = (*unravel(row, outer_shape), j)
-    return For(row, outer_count, For(j, inner, _element(c, index, inline)), "parallel")
+    coords = unravel(row, outer_shape)
+    rows: list[Stmt] = []
+    for k, member in enumerate(group):
+        j = Var(f"{member.name}_j")
+        element = _element(member, (*coords, j), inline)
+        lets, element = _hoist_row_values(element, {g.buffer for g in group[:k]}, j)
+        rows += [*lets, For(j, member.shape[-1], element)]
+    return For(row, outer_count, seq(rows), "parallel")
+
+
+def _hoist_row_values(stmt: Stmt, earlier: set[Buffer], j: Var) -> tuple[list[Let], Stmt]:
+    """Binds the loads of ``earlier`` computes that do not vary along ``j`` (a row's
+    maximum, its sum) before the loop: inside a parallel region gcc no longer knows the
+    buffers do not alias, and would reload them each iteration and not vectorise."""
+    lets: dict[Load, Let] = {}
+    for n in walk(stmt):
+        if isinstance(n, Load) and n.buffer in earlier and n not in lets and not any(
+                j in free_vars(i) for i in n.indices):
+            lets[n] = Let(Var(f"{n.buffer.name}_at_{j.name}", n.dtype), n)
+    hoisted = rewrite(stmt, lambda n: lets[n].var if isinstance(n, Load) and n in lets else None)
+    return list(lets.values()), hoisted
 
 
 def _element(c: Compute, index: Sequence[Expr], inline: Inliner) -> Stmt:
@@ -171,8 +221,19 @@ def _element(c: Compute, index: Sequence[Expr], inline: Inliner) -> Stmt:
     if not c.is_reduction:
         return Store(c.buffer, tuple(index), value)
     acc = Buffer(f"{c.name}_acc", c.dtype, (), "local")
-    update: Stmt = Store(acc, (), combine(c.reduce_op, acc[()], value))
-    for var, extent in reversed(list(zip(c.reduce_axes, c.reduce_extents))):
-        update = For(var, extent, update)
+    update: Stmt = Accumulate(acc, c.reduce_op, value)
+    for k, (var, extent) in reversed(list(enumerate(zip(c.reduce_axes, c.reduce_extents)))):
+        innermost = k == len(c.reduce_axes) - 1
+        update = For(var, extent, update, "vectorize" if innermost and _vector_reduce(c)
+                     else "serial")
     return Seq((DeclBuffer(acc), Store(acc, (), identity_of(c.reduce_op, c.dtype)), update,
                 Store(c.buffer, tuple(index), acc[()])))
+
+
+def _vector_reduce(c: Compute) -> bool:
+    """Whether the innermost reduce loop of ``c`` should be a vector reduction: a float
+    accumulator (integer sums are associative, so compilers vectorise them anyway) and a
+    loop not known to be shorter than a vector."""
+    extent = c.reduce_extents[-1]
+    short = isinstance(extent, Const) and extent.value < MIN_VECTOR_REDUCE
+    return c.dtype.is_float and not short

@@ -18,8 +18,8 @@ from treadle.ir.expr import Const, Expr, Var, as_expr
 from treadle.ir.functor import free_vars, substitute, walk
 from treadle.ir.interval import Interval, bound
 from treadle.ir.simplify import simplify_expr
-from treadle.ir.stmt import (Assert, Barrier, DeclBuffer, Evaluate, For, ForTask, Function, If,
-                             Let, Seq, Stmt, Store)
+from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, Evaluate, For, ForTask,
+                             Function, If, Let, Seq, Stmt, Store)
 
 __all__ = ["simplify"]
 
@@ -109,6 +109,7 @@ STMT_RULES: dict[type, Callable[[Stmt, Env], Stmt]] = {
     If: _if,
     Store: lambda s, env: Store(s.buffer, tuple(simplify_expr(i, env) for i in s.indices),
                                 simplify_expr(s.value, env)),
+    Accumulate: lambda s, env: Accumulate(s.buffer, s.op, simplify_expr(s.value, env)),
     Let: lambda s, env: Let(s.var, simplify_expr(s.value, env)),
     DeclBuffer: lambda s, env: s,
     Barrier: lambda s, env: s,

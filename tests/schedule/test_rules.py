@@ -1,0 +1,76 @@
+"""Rule-based schedules: loop structure of reductions, checked without a C compiler, and
+their meaning through the IR interpreter."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from treadle.ir import dtypes
+from treadle.ir.compute import compute, reduce
+from treadle.ir.expr import Buffer, Load, Var, call
+from treadle.ir.functor import walk
+from treadle.ir.stmt import Accumulate, For, Store
+from treadle.ir.verify import verify
+from treadle.runtime.interpret import interpret
+from treadle.schedule.rules import schedule_computes
+
+
+def _row_reduce(op: str, cols, dtype="float32"):
+    m = Var("M")
+    x = Buffer("x", dtypes.dtype_of(dtype), (m, cols))
+    out = reduce("r", [m], [cols], lambda i, k: x[i, k], op)
+    return x, schedule_computes("row", [x], [out]).function
+
+
+def _reduce_loop(func) -> For:
+    (loop,) = [n for n in walk(func.body) if isinstance(n, For)
+               and any(isinstance(a, Accumulate) for a in walk(n.body))
+               and not any(isinstance(s, For) for s in walk(n.body))]
+    return loop
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_float_reduction_accumulates_in_a_vectorize_loop(op):
+    _, func = _row_reduce(op, Var("K"))
+    verify(func)
+    assert _reduce_loop(func).kind == "vectorize"
+    assert f"{'+=' if op == 'sum' else op + '='} x0[" in str(func)
+    # The output is stored once per row, from the accumulator, and never read back.
+    assert all(s.value.dtype.lanes == 1 for s in walk(func.body) if isinstance(s, Store))
+
+
+@pytest.mark.parametrize("cols, dtype, kind", [
+    (3, "float32", "serial"), (8, "float32", "vectorize"), (Var("K"), "int32", "serial")])
+def test_short_or_integer_reductions_stay_serial(cols, dtype, kind):
+    _, func = _row_reduce("sum", cols, dtype)
+    assert _reduce_loop(func).kind == kind
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_vector_reduction_means_the_sequential_one(op):
+    _, func = _row_reduce(op, Var("K"))
+    x = np.random.default_rng(0).standard_normal((3, 13)).astype(np.float32)
+    y = np.empty(3, np.float32)
+    interpret(func, x, y)
+    expected = getattr(x.astype(np.float64), op)(axis=1)
+    np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_softmax_rows_share_one_parallel_loop_with_row_values_hoisted():
+    n, k = Var("N"), Var("K")
+    x = Buffer("x", dtypes.float32, (n, k))
+    high = reduce("max", [n, 1], [k], lambda i, _, r: x[i, r], "max")
+    total = reduce("sum", [n, 1], [k], lambda i, _, r: call("exp", x[i, r] - high[i, 0]))
+    out = compute("softmax", [n, k], lambda i, j: call("exp", x[i, j] - high[i, 0]) / total[i, 0])
+    func = schedule_computes("softmax", [x], [out]).function
+    verify(func)
+    assert [n.kind for n in walk(func.body) if isinstance(n, For)].count("parallel") == 1
+    # Inside the loops along a row, the row's maximum and sum are variables, not loads.
+    inner = [n for n in walk(func.body) if isinstance(n, For) and n.kind != "parallel"]
+    assert not any(isinstance(e, Load) and e.buffer.name.startswith("w")
+                   for loop in inner for e in walk(loop.body))
+    xs = np.random.default_rng(1).standard_normal((4, 9)).astype(np.float32)
+    y = np.empty_like(xs)
+    interpret(func, xs, y, np.empty((4, 1), np.float32), np.empty((4, 1), np.float32))
+    e = np.exp(xs - xs.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(y, e / e.sum(axis=1, keepdims=True), rtol=1e-6, atol=1e-7)

@@ -1,0 +1,95 @@
+"""The sliding-window template: which computes it takes, the structure of its kernels,
+and depthwise convolution and pooling against PyTorch over a sweep of odd and prime
+sizes, strides and paddings, with a symbolic batch."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.harness import assert_close, random_array
+from treadle.compiler import compile_graph
+from treadle.graph.graph import Graph
+from treadle.graph.operator import apply
+from treadle.graph.tensor import Tensor, constant
+from treadle.ir.expr import Load
+from treadle.ir.functor import walk
+from treadle.ir.stmt import For, Store
+from treadle.ir.verify import verify
+from treadle.schedule.operator import schedule_operator
+from treadle.schedule.templates.window_cpu import match_window
+
+torch = pytest.importorskip("torch")
+
+
+def _conv_op(channels, size, kernel=(3, 3), stride=1, pad=1, bias=True, batch="n"):
+    x = Tensor("x", "float32", [batch, channels, *size])
+    w = constant(random_array((channels, 1, *kernel), seed=1))
+    inputs = [x, w] + ([constant(random_array((channels,), seed=2))] if bias else [])
+    attrs = {"group": channels, "strides": [stride] * 2, "pads": [pad] * 4}
+    y = apply("Conv", inputs, attrs)[0]
+    return x, inputs, attrs, y
+
+
+def _operator(graph: Graph):
+    (op,) = graph.nodes
+    return op
+
+
+def test_depthwise_conv_kernel_vectorises_rows_with_scalar_input_and_output_access():
+    x, _, _, y = _conv_op(8, (13, 11), stride=2)
+    op = _operator(Graph.from_outputs([x], [y]))
+    assert match_window(op.definition[0]) is not None
+    func = schedule_operator(op, "dw").function
+    verify(func)
+    loops = [n for n in walk(func.body) if isinstance(n, For)]
+    assert [n.kind for n in loops].count("parallel") == 1
+    assert any(n.kind == "vectorize" for n in loops)
+    output = func.buffers[-1]
+    stores = [n for n in walk(func.body) if isinstance(n, Store)]
+    assert all(s.lanes == 1 for s in stores)
+    assert sum(s.buffer == output for s in stores) == 1
+    assert not any(isinstance(n, Load) and (n.lanes > 1 or n.buffer == output)
+                   for n in walk(func.body))
+
+
+def test_large_reductions_are_not_windows():
+    x = Tensor("x", "float32", [2, 5, 100])
+    y = apply("ReduceSum", [x, constant(np.array([2], np.int64))], {"keepdims": 0})[0]
+    assert match_window(_operator(Graph.from_outputs([x], [y])).definition[0]) is None
+
+
+CONVS = [  # channels, (height, width), kernel, stride, padding
+    (1, (1, 1), (3, 3), 1, 1),
+    (3, (7, 7), (3, 3), 1, 1),
+    (7, (13, 17), (3, 3), 2, 1),
+    (13, (8, 31), (3, 3), 2, 0),
+    (5, (17, 5), (5, 5), 1, 2),
+    (2, (11, 23), (3, 1), 2, 1),
+    (4, (61, 9), (3, 3), 1, 0),
+]
+
+
+@pytest.mark.parametrize("channels, size, kernel, stride, pad", CONVS)
+@pytest.mark.parametrize("bias", [True, False])
+def test_depthwise_conv_matches_torch(channels, size, kernel, stride, pad, bias):
+    x, inputs, attrs, y = _conv_op(channels, size, kernel, stride, pad, bias)
+    program = compile_graph(Graph.from_outputs([x], [y]))
+    for batch in (1, 2):
+        xs = random_array((batch, channels, *size), seed=batch)
+        expected = torch.nn.functional.conv2d(
+            torch.from_numpy(xs), torch.from_numpy(inputs[1].data),
+            torch.from_numpy(inputs[2].data) if bias else None, stride=stride, padding=pad,
+            groups=channels).numpy()
+        assert_close(program(xs)[0], expected, reduction=kernel[0] * kernel[1])
+
+
+@pytest.mark.parametrize("size, stride, pad", [((7, 7), 2, 1), ((13, 11), 1, 1), ((5, 17), 2, 0)])
+def test_max_pool_matches_torch(size, stride, pad):
+    x = Tensor("x", "float32", ["n", 3, *size])
+    y = apply("MaxPool", [x], {"kernel_shape": [3, 3], "strides": [stride] * 2,
+                               "pads": [pad] * 4})[0]
+    assert match_window(_operator(Graph.from_outputs([x], [y])).definition[0]) is not None
+    program = compile_graph(Graph.from_outputs([x], [y]))
+    xs = random_array((2, 3, *size), seed=3)
+    expected = torch.nn.functional.max_pool2d(torch.from_numpy(xs), 3, stride, pad).numpy()
+    np.testing.assert_array_equal(program(xs)[0], expected)

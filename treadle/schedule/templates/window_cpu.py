@@ -1,0 +1,164 @@
+"""The CPU template for sliding-window reductions: depthwise and grouped convolution,
+pooling, any reduction whose reduce domain is a small constant window (at most
+``MAX_WINDOW`` points) and whose last output axis has a static extent.
+
+The rule-based schedule runs the window innermost for each output element, so nothing
+vectorises and padding costs a select and two clamps per tap. Here a thread takes whole
+output rows (every axis but the last): the row's accumulators live in a local buffer, the
+window's outer axes loop around a loop along the row, and the last window axis is
+unrolled inside that loop, so the compiler vectorises along the row with the taps'
+weights in registers. The row splits into a left border, an interior and a right border;
+in the interior, interval simplification proves the padding selects and index clamps away
+(they are the compute's own expression, nothing convolution-specific is matched), which
+leaves plain strided loads.
+
+Each element still combines its taps in the compute's order, starting from the
+identity, so results equal the rule-based schedule's bit for bit. Loads of inputs and
+stores of the output stay scalar; the output is written once per element, never read.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from treadle.ir.compute import Compute, combine, identity_of, producer_of
+from treadle.ir.expr import Binary, Buffer, Const, Expr, Load, Select, Var, as_expr
+from treadle.ir.functor import free_vars, rewrite, substitute, walk
+from treadle.ir.interval import Interval
+from treadle.ir.mapping import unravel
+from treadle.ir.simplify import simplify_expr
+from treadle.ir.stmt import Assert, DeclBuffer, For, Function, Let, Seq, Stmt, Store
+from treadle.schedule.rules import Inliner, Kernel, canonical_kernel, reachable
+
+MAX_WINDOW = 64  # window points; larger reductions are left to GEMM or the rule-based loops
+MAX_ROW_BYTES = 1 << 14  # the row of accumulators, on each thread's stack
+MAX_BORDER = 16  # output positions searched from each end of a row for the interior
+
+
+@dataclass(frozen=True)
+class WindowPattern:
+    """``output`` is ``epilogue`` (over the reduction's axes, reading the reduction at
+    exactly those axes) of ``reduction``, whose value ``window`` reads only inputs."""
+    reduction: Compute
+    window: Expr
+    output: Buffer
+    epilogue: Expr
+
+
+def match_window(out: Compute) -> WindowPattern | None:
+    split = _split_epilogue(out)
+    if split is None:
+        return None
+    red, epilogue = split
+    window = Inliner(reachable([red]))(red.value)
+    if any(producer_of(n.buffer) is not None for n in walk(window) if isinstance(n, Load)):
+        return None
+    extents = red.reduce_extents
+    if not red.shape or not extents or not all(isinstance(e, Const) for e in extents):
+        return None
+    width = red.shape[-1]
+    if (math.prod(e.value for e in extents) > MAX_WINDOW or not isinstance(width, Const)
+            or width.value * red.dtype.nbytes > MAX_ROW_BYTES
+            or red.axes[-1] not in free_vars(window)):
+        return None
+    return WindowPattern(red, window, out.buffer, epilogue)
+
+
+def _split_epilogue(out: Compute) -> tuple[Compute, Expr] | None:
+    """The one reduction ``out`` is an element-wise map of, and that map over the
+    reduction's axes; ``out`` itself with the identity map if it is the reduction."""
+    if out.is_reduction:
+        return out, out[out.axes]
+    value = Inliner(reachable([out]))(out.value)
+    loads = [n for n in walk(value) if isinstance(n, Load) and producer_of(n.buffer) is not None]
+    reductions = {n.buffer for n in loads}
+    if len(reductions) != 1:
+        return None
+    red = producer_of(reductions.pop())
+    if red.shape != out.shape or any(n.indices != out.axes for n in loads):
+        return None
+    return red, substitute(value, dict(zip(out.axes, red.axes)))
+
+
+def schedule_window(name: str, inputs: Sequence[Buffer | None], pattern: WindowPattern,
+                    checks: Sequence[tuple[Expr, str]] = ()) -> Kernel:
+    """The window kernel for ``pattern``; ``checks`` are the operator's run-time
+    conditions on symbolic sizes, asserted before any work."""
+    red = pattern.reduction
+    *outer_shape, width = red.shape
+    row = Var("row")
+    rows = math.prod(outer_shape, start=as_expr(1))
+    acc = Buffer(f"{red.name}_row", red.dtype, (width,), "local")
+    col = red.axes[-1]
+    body = [Let(a, i) for a, i in zip(red.axes[:-1], unravel(row, outer_shape))]
+    identity = identity_of(red.reduce_op, red.dtype)
+    body += [DeclBuffer(acc), For(col, width, Store(acc, (col,), identity))]
+    body.append(_window_loops(pattern, acc))
+    result = rewrite(pattern.epilogue, lambda n: acc[(col,)] if isinstance(n, Load)
+                     and n.buffer == red.buffer else None)
+    body.append(For(col, width, Store(pattern.output, red.axes, result)))
+    stmts: list[Stmt] = [Assert(cond, message) for cond, message in checks]
+    stmts.append(For(row, rows, Seq(tuple(body)), "parallel"))
+    body_stmt = Seq(tuple(stmts))
+    used = {n.buffer for n in walk(body_stmt) if isinstance(n, Load)}
+    params: list = [b for b in inputs if b is not None and b in used] + [pattern.output]
+    bound = {n.var for n in walk(body_stmt) if isinstance(n, (For, Let))}
+    symbols = {v for p in params for d in p.shape for v in free_vars(d)}
+    symbols |= free_vars(body_stmt) - bound
+    func = Function(name, tuple(params) + tuple(sorted(symbols, key=lambda v: v.name)), body_stmt)
+    return canonical_kernel(func, inputs, 1)
+
+
+def _ranges(red: Compute) -> dict[Var, Interval]:
+    """What interval simplification may assume: every axis within its extent."""
+    axes = list(zip(red.axes, red.shape)) + list(zip(red.reduce_axes, red.reduce_extents))
+    return {v: Interval(0, e.value - 1 if isinstance(e, Const) else None) for v, e in axes}
+
+
+def _window_loops(pattern: WindowPattern, acc: Buffer) -> Stmt:
+    """Loops over the window's outer axes around the three segments of the row."""
+    red = pattern.reduction
+    col, width = red.axes[-1], red.shape[-1].value
+    ranges = _ranges(red)
+    lo, hi = _interior(pattern.window, col, width, ranges)
+    segments = [(0, lo, "serial"), (lo, hi, "vectorize"), (hi, width, "serial")]
+    stmt: Stmt = Seq(tuple(_segment(pattern, acc, ranges, *s) for s in segments if s[0] < s[1]))
+    for var, extent in reversed(list(zip(red.reduce_axes[:-1], red.reduce_extents[:-1]))):
+        stmt = For(var, extent, stmt)
+    return stmt
+
+
+def _segment(pattern: WindowPattern, acc: Buffer, ranges: dict[Var, Interval], begin: int,
+             end: int, kind: str) -> Stmt:
+    """``acc[col] = op(acc[col], tap)`` for every position of the last window axis, for
+    ``col`` in ``begin..end``, each tap simplified for that range."""
+    red = pattern.reduction
+    col, tap = red.axes[-1], red.reduce_axes[-1]
+    known = {**ranges, col: Interval(begin, end - 1)}
+    value = acc[(col,)]
+    for k in range(red.reduce_extents[-1].value):
+        value = combine(red.reduce_op, value,
+                        simplify_expr(substitute(pattern.window, {tap: as_expr(k)}), known))
+    offset = Var(f"{col.name}_offset")
+    update = Seq((Let(col, offset + begin), Store(acc, (col,), value)))
+    return For(offset, end - begin, update, kind)
+
+
+def _interior(window: Expr, col: Var, width: int, ranges: dict[Var, Interval]) -> tuple[int, int]:
+    """The widest range ``lo..hi`` (exclusive) of ``col`` where the window simplifies to an
+    expression with no select or clamp depending on ``col``; (0, 0) if none is found
+    within MAX_BORDER positions of either end."""
+    def clean(lo: int, hi: int) -> bool:
+        value = simplify_expr(window, {**ranges, col: Interval(lo, hi - 1)})
+        return not any(col in free_vars(n.cond if isinstance(n, Select) else n)
+                       for n in walk(value) if isinstance(n, Select)
+                       or (isinstance(n, Binary) and n.op in ("min", "max")))
+    lo = next((v for v in range(min(width, MAX_BORDER)) if clean(v, v + 1)), None)
+    if lo is None:
+        return 0, 0
+    hi = next((v + 1 for v in range(width - 1, max(lo, width - MAX_BORDER) - 1, -1)
+               if clean(v, v + 1)), None)
+    if hi is None or not clean(lo, hi):
+        return 0, 0
+    return lo, hi

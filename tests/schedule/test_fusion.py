@@ -159,3 +159,27 @@ def test_vector_loads_of_a_prologue_fall_back_to_separate_kernels():
     assert len(kernels(exe)) == 2, kernels(exe)
     xv, bv = random_array([1, 40], seed=1), random_array([48, 40], seed=2)
     assert_close(exe(xv, bv)[0], xv @ bv.T, reduction=40)
+
+
+def test_reshape_between_dense_and_gelu_keeps_one_kernel():
+    # GPT-2's exporter writes a dense layer as view -> Gemm -> view: the activation and the
+    # residual add come after a reshape, which carries the element's index along.
+    x = ops.input("x", "float32", [1, 13, 24])
+    w, b = random_array([24, 40], seed=1), random_array([40], seed=2)
+    flat = ops.reshape(x, [13, 24])
+    y = ops.reshape(ops.add(ops.matmul(flat, ops.constant(w)), ops.constant(b)), [1, 13, 40])
+    r = ops.input("r", "float32", [1, 13, 40])
+    out = ops.add(ops.tanh(y), r)
+    exe = compile_graph(ops.graph([x, r], [out]))
+    assert len(kernels(exe)) == 1, kernels(exe)
+    xv, rv = random_array([1, 13, 24], seed=3), random_array([1, 13, 40], seed=4)
+    expected = np.tanh(xv.reshape(13, 24) @ w + b).reshape(1, 13, 40) + rv
+    assert_close(exe(xv, rv)[0], expected.astype(np.float32), reduction=24)
+
+
+def test_reshape_read_by_no_epilogue_stays_a_view():
+    x = ops.input("x", "float32", [6, 8])
+    y = ops.reshape(ops.relu(ops.matmul(x, ops.constant(random_array([8, 8], seed=1)))), [48])
+    exe = compile_graph(ops.graph([x], [ops.softmax(y)]))
+    assert len(kernels(exe)) == 2, kernels(exe)
+    assert sum(s.kernel is None for s in exe.steps) == 1

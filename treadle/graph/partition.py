@@ -5,9 +5,10 @@ rules, plus the operators fused into it after scheduling:
 
 * epilogues: element-wise operators downstream of the anchor that read every in-group
   tensor at their own index (same shape, no broadcast of it), so each stored element of the
-  anchor's output gives exactly one element of theirs. They are grown first, in graph
-  order, so an element-wise operator between two anchors is computed once, as the first
-  one's epilogue.
+  anchor's output gives exactly one element of theirs; reshapes between them carry the
+  element's index along (a dense layer exported as view -> Gemm -> view keeps its GELU or
+  residual add). They are grown first, in graph order, so an element-wise operator between
+  two anchors is computed once, as the first one's epilogue.
 * prologues: injective groups (every operator computes each output element from its
   inputs without reducing) whose results only one other group reads; they are inlined at
   that group's loads. Padding stays a kernel of its own (``MATERIALISED``).
@@ -132,9 +133,26 @@ class _Partitioner:
                     self.group_of[id(op)] = group
                     produced.add(id(op.outputs[0]))
                     frontier.append(op.outputs[0])
+        self._drop_trailing_views(group)
+
+    def _drop_trailing_views(self, group: Group) -> None:
+        """A reshape no epilogue reads after it stays a free view, not a copy."""
+        while True:
+            members = {id(op) for op in group.ops}
+            trailing = [op for op in group.epilogues if is_view(op) and not any(
+                id(c) in members for c in self.consumers.get(id(op.outputs[0]), []))]
+            if not trailing:
+                return
+            for op in trailing:
+                group.epilogues.remove(op)
+                del self.group_of[id(op)]
 
     def _can_be_epilogue(self, op: Operator, group: Group, produced: set[int]) -> bool:
-        if id(op) in self.group_of or not is_injective(op):
+        if id(op) in self.group_of:
+            return False
+        if is_view(op):
+            return id(op.inputs[0]) in produced
+        if not is_injective(op):
             return False
         if not reads_at_own_index(op, produced):
             return False

@@ -9,7 +9,7 @@ program afterwards. No schedule knows what is fused into it.
 * Each store of the anchor's output becomes a let of the stored value followed by one
   store per tensor the group writes, each computed from that value by the epilogues.
   Epilogues read in-group tensors at their own index (see ``graph.partition``), so the
-  stored element's indices are theirs.
+  stored element's indices are theirs, up to the reshapes in between, which map them.
 
 A schedule that loads a prologue's tensor or stores the anchor's output as a vector, or
 reads its own output back, cannot take the substitution: ``FusionError``, and the caller
@@ -23,10 +23,11 @@ from typing import Sequence
 
 from treadle.errors import TreadleError
 from treadle.graph.operator import Operator
-from treadle.graph.partition import Group
+from treadle.graph.partition import Group, is_view
 from treadle.graph.tensor import Tensor
-from treadle.ir.expr import Buffer, Expr, Load, Var
+from treadle.ir.expr import Buffer, Expr, Load, Var, as_expr
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
+from treadle.ir.mapping import unravel
 from treadle.ir.stmt import Assert, Function, Let, Seq, Stmt, Store
 from treadle.schedule.operator import schedule_operator
 from treadle.schedule.rules import Inliner, bound_vars, canonical_names, reachable
@@ -125,10 +126,24 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
     anchor = group.anchor.outputs[0]
     stored = Var("stored", anchor.dtype)  # stands for the value the anchor stores
     axes = group.anchor.definition[0].axes
+    # Every in-group tensor: its element (value and index, over the anchor's axes) that
+    # the anchor's element at ``axes`` gives.
     values: dict[int, Expr] = {id(anchor): stored}
+    index_of: dict[int, tuple[Expr, ...]] = {id(anchor): axes}
     for op in group.epilogues:
+        out = op.outputs[0]
+        if is_view(op):
+            source = op.inputs[0]
+            values[id(out)] = values[id(source)]
+            index_of[id(out)] = reshaped_index(index_of[id(source)], source.shape, out.shape)
+            continue
+        indices = {index_of[id(t)] for t in op.inputs if t is not None and id(t) in values}
+        if len(indices) != 1:
+            raise FusionError(f"{op.name!r} combines elements of different in-group indices")
+        index = indices.pop()
         value = buffers.value(op, values)
-        values[id(op.outputs[0])] = substitute(value, dict(zip(op.definition[0].axes, axes)))
+        values[id(out)] = substitute(value, dict(zip(op.definition[0].axes, index)))
+        index_of[id(out)] = index
     target = buffers.of(anchor)
     fresh = itertools.count()
 
@@ -141,10 +156,18 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
             raise FusionError(f"the schedule of {group.anchor.name!r} stores vectors")
         var = Var(f"stored{next(fresh)}", anchor.dtype)
         env = {**dict(zip(axes, node.indices)), stored: var}
-        writes = [Store(buffers.of(t), node.indices, substitute(values[id(t)], env))
-                  for t in group.outputs]
+        writes = [Store(buffers.of(t), tuple(substitute(i, env) for i in index_of[id(t)]),
+                        substitute(values[id(t)], env)) for t in group.outputs]
         return Seq((Let(var, node.value), *writes))
     return rewrite(body, visit)
+
+
+def reshaped_index(index: Sequence[Expr], shape: Sequence, new_shape: Sequence) -> tuple[Expr, ...]:
+    """The index in ``new_shape`` of the element at ``index`` in ``shape``, row-major."""
+    flat = as_expr(0)
+    for i, d in zip(index, shape):
+        flat = flat * d + i
+    return tuple(unravel(flat, list(new_shape)))
 
 
 def _assemble(name: str, body: Stmt, group: Group, buffers: _TensorBuffers,

@@ -183,3 +183,25 @@ def test_reshape_read_by_no_epilogue_stays_a_view():
     exe = compile_graph(ops.graph([x], [ops.softmax(y)]))
     assert len(kernels(exe)) == 2, kernels(exe)
     assert sum(s.kernel is None for s in exe.steps) == 1
+
+
+def test_transpose_after_attention_is_stored_transposed():
+    # BERT's context layer: batched product [heads, seq, dim] -> [seq, heads, dim].
+    p = ops.input("p", "float32", [3, 7, 5])
+    v = ops.input("v", "float32", [3, 5, 4])
+    out = ops.add(ops.transpose(ops.matmul(p, v), [1, 0, 2]), np.float32(1))
+    exe = compile_graph(ops.graph([p, v], [out]))
+    assert len(kernels(exe)) == 1, kernels(exe)
+    pv, vv = random_array([3, 7, 5], seed=1), random_array([3, 5, 4], seed=2)
+    assert_close(exe(pv, vv)[0], (pv @ vv).transpose(1, 0, 2) + 1, reduction=5)
+
+
+def test_slice_reads_part_of_the_product_so_is_not_an_epilogue():
+    x = ops.input("x", "float32", [9, 16])
+    w = random_array([16, 12], seed=1)
+    y = ops.op("Slice", ops.matmul(x, ops.constant(w)), ops.constant(np.array([2], np.int64)),
+               ops.constant(np.array([7], np.int64)), ops.constant(np.array([1], np.int64)))
+    exe = compile_graph(ops.graph([x], [y]))
+    assert len(kernels(exe)) == 2, kernels(exe)
+    xv = random_array([9, 16], seed=2)
+    assert_close(exe(xv)[0], (xv @ w)[:, 2:7], reduction=16)

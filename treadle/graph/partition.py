@@ -3,9 +3,9 @@
 Every kernel is a *group*: one anchor operator, scheduled alone by a template or by the
 rules, plus the operators fused into it after scheduling:
 
-* epilogues: element-wise operators downstream of the anchor that read every in-group
-  tensor at their own index (same shape, no broadcast of it), so each stored element of the
-  anchor's output gives exactly one element of theirs; reshapes between them carry the
+* epilogues: injective operators downstream of the anchor that read every in-group tensor
+  one element per element, each once (at their own index or transposed; never broadcast),
+  so each stored element of the anchor's output gives exactly one element of theirs; reshapes between them carry the
   element's index along (a dense layer exported as view -> Gemm -> view keeps its GELU or
   residual add). They are grown first, in graph order, so an element-wise operator between
   two anchors is computed once, as the first one's epilogue.
@@ -26,7 +26,7 @@ from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator
 from treadle.graph.tensor import Tensor
 from treadle.ir.compute import Compute
-from treadle.ir.expr import Expr, as_expr
+from treadle.ir.expr import Expr, Load, as_expr
 from treadle.schedule.rules import reachable
 
 
@@ -71,23 +71,34 @@ def is_injective(op: Operator) -> bool:
     return not any(c.is_reduction for c in reachable(op.definition).values())
 
 
-def reads_at_own_index(op: Operator, tensors: set[int]) -> bool:
-    """Whether ``op`` (injective) reads some of ``tensors`` and each only at its own output
-    index, with the same shape: the map from those elements to its own is a bijection."""
+def reads_one_to_one(op: Operator, tensors: set[int]) -> bool:
+    """Whether ``op`` (injective) reads some of ``tensors``, each load taking one element
+    per output element and every element once (its own index, or a transposition): the
+    map from those elements to its own is a bijection."""
     out = op.definition[0]
     buffers = {b for b, t in zip(op.input_buffers, op.inputs)
                if b is not None and t is not None and id(t) in tensors}
     reads = [(c, load) for c in reachable(op.definition).values() for load in c.loads()
              if load.buffer in buffers]
-    return bool(reads) and all(c is out and load.buffer.shape == out.shape
-                               and own_index(load.indices, out) for c, load in reads)
+    return bool(reads) and all(c is out and element_map(load, out) is not None
+                               for c, load in reads)
 
 
-def own_index(indices: tuple[Expr, ...], c: Compute) -> bool:
-    """Whether ``indices`` name element (i0, i1, ...) of ``c``'s own axes; a size-1 axis
-    may be read at 0, as broadcasting writes it."""
-    return all(i == a or (d == as_expr(1) and i == as_expr(0))
-               for i, a, d in zip(indices, c.axes, c.shape))
+def element_map(load: Load, c: Compute) -> tuple[int | None, ...] | None:
+    """For each axis of ``c``, the position of ``load``'s index that it is (None for a
+    size-1 axis the load does not use), when the load reads its whole buffer one element
+    per element of ``c``; otherwise None. A size-1 dimension may be read at 0, as
+    broadcasting writes it."""
+    one, zero = as_expr(1), as_expr(0)
+    position: dict[Expr, int] = {}
+    for k, (i, d) in enumerate(zip(load.indices, load.buffer.shape)):
+        if i in c.axes and i not in position and d == c.shape[c.axes.index(i)]:
+            position[i] = k
+        elif not (d == one and i == zero):
+            return None
+    if any(a not in position and d != one for a, d in zip(c.axes, c.shape)):
+        return None
+    return tuple(position.get(a) for a in c.axes)
 
 
 class _Partitioner:
@@ -154,7 +165,7 @@ class _Partitioner:
             return id(op.inputs[0]) in produced
         if not is_injective(op):
             return False
-        if not reads_at_own_index(op, produced):
+        if not reads_one_to_one(op, produced):
             return False
         outside = [t for t in op.inputs if t is not None and id(t) not in produced]
         return not any(self._depends_on(t, group) for t in outside)

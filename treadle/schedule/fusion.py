@@ -23,7 +23,7 @@ from typing import Sequence
 
 from treadle.errors import TreadleError
 from treadle.graph.operator import Operator
-from treadle.graph.partition import Group, is_view
+from treadle.graph.partition import Group, element_map, is_view
 from treadle.graph.tensor import Tensor
 from treadle.ir.expr import Buffer, Expr, Load, Var, as_expr
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
@@ -137,7 +137,8 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
             values[id(out)] = values[id(source)]
             index_of[id(out)] = reshaped_index(index_of[id(source)], source.shape, out.shape)
             continue
-        indices = {index_of[id(t)] for t in op.inputs if t is not None and id(t) in values}
+        indices = {_index_through(load, op, index_of) for load in op.definition[0].loads()
+                   if id(_tensor_of(op, load)) in values}
         if len(indices) != 1:
             raise FusionError(f"{op.name!r} combines elements of different in-group indices")
         index = indices.pop()
@@ -160,6 +161,18 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
                         substitute(values[id(t)], env)) for t in group.outputs]
         return Seq((Let(var, node.value), *writes))
     return rewrite(body, visit)
+
+
+def _tensor_of(op: Operator, load: Load) -> Tensor | None:
+    return dict(zip(op.input_buffers, op.inputs)).get(load.buffer)
+
+
+def _index_through(load: Load, op: Operator, index_of: dict) -> tuple[Expr, ...]:
+    """``op``'s output index that reads the element ``load`` takes from an in-group tensor,
+    given that tensor's index (``graph.partition.element_map``)."""
+    source = index_of[id(_tensor_of(op, load))]
+    positions = element_map(load, op.definition[0])
+    return tuple(as_expr(0) if k is None else source[k] for k in positions)
 
 
 def reshaped_index(index: Sequence[Expr], shape: Sequence, new_shape: Sequence) -> tuple[Expr, ...]:

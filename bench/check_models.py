@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +29,7 @@ from pathlib import Path
 import numpy as np
 
 import treadle
-from common import RELATIVE_TOLERANCE, exported, relative_error
-from treadle.config import override
+from common import RELATIVE_TOLERANCE, enter_treadle_settings, exported, relative_error
 from treadle.models import MODELS
 from treadle.timing import IDLE_S, load_note, median_seconds, onnxruntime_session
 
@@ -141,11 +139,7 @@ def main(argv=None) -> int:
 
     print(load_note(len(os.sched_getaffinity(0))), file=sys.stderr)
     with contextlib.ExitStack() as stack:
-        settings = {"num_threads": args.threads}
-        if not args.warm_cache:
-            settings["cache_dir"] = Path(stack.enter_context(
-                tempfile.TemporaryDirectory(prefix="treadle-cache-")))
-        stack.enter_context(override(**settings))
+        enter_treadle_settings(stack, args.threads, args.warm_cache)
         rows, failures = run_checks(args)
     print_table(rows)
     for failure in failures:

@@ -4,12 +4,15 @@ An exported model is kept in bench/out/ and redone when treadle/models changes.
 """
 from __future__ import annotations
 
+import contextlib
 import pickle
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 import treadle
+from treadle.config import override
 from treadle.models import ModelSpec, export_onnx
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -35,3 +38,13 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     activations) make elementwise relative errors meaningless."""
     error = float(np.abs(got.astype(np.float64) - want).max())
     return error / (float(np.abs(want).max()) or 1.0)
+
+
+def enter_treadle_settings(stack: contextlib.ExitStack, threads: int, warm_cache: bool) -> None:
+    """treadle on ``threads`` threads, compiling into a fresh kernel and tuning cache (so
+    compile times are cold ones) unless ``warm_cache`` keeps the user's."""
+    settings: dict = {"num_threads": threads}
+    if not warm_cache:
+        settings["cache_dir"] = Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="treadle-cache-")))
+    stack.enter_context(override(**settings))

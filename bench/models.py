@@ -47,8 +47,8 @@ from typing import Callable, Optional
 import numpy as np
 
 import treadle
-from common import RELATIVE_TOLERANCE, exported, relative_error
-from treadle.config import config, override
+from common import RELATIVE_TOLERANCE, enter_treadle_settings, exported, relative_error
+from treadle.config import config
 from treadle.models import MODELS, build
 from treadle.models.export import OPSET
 from treadle.timing import IDLE_S, load_note, onnxruntime_session
@@ -360,11 +360,7 @@ def main(argv=None) -> int:
     cores = len(os.sched_getaffinity(0))
     print(load_note(cores), file=sys.stderr)
     with contextlib.ExitStack() as stack:
-        settings = {"num_threads": args.threads}
-        if not args.warm_cache:
-            settings["cache_dir"] = Path(stack.enter_context(
-                tempfile.TemporaryDirectory(prefix="treadle-cache-")))
-        stack.enter_context(override(**settings))
+        enter_treadle_settings(stack, args.threads, args.warm_cache)
         if args.subgraphs:
             results = {"subgraphs": run_subgraphs(args)}
         else:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 
 from treadle.errors import ScheduleConfigError
-from treadle.schedule.templates.matmul_cpu import GemmConfig
+from treadle.schedule.templates.matmul_cpu import PACK_COST_A, PACK_COST_B, GemmConfig
 from treadle.target.cpu import CpuTarget
 
 ELEMENT_BYTES = 4  # float32, the only dtype the GEMM template serves
@@ -46,9 +46,6 @@ L1_SHARE = {0: 3 / 4, 1: 1, 2: 1}
 # Only the A panel must stay in L2 (B streams through L1 one micro-panel at a time and
 # each accumulator row is touched once per K block), so the tile may take most of it.
 L2_SHARE = {0: (1 / 4, 3 / 4), 1: (1 / 8, 3 / 4), 2: (1 / 16, 3 / 4)}
-# Time to pack one element, in multiply-adds (measured on 1024^3): A is gathered across
-# rows, B copied along them. A packed A element is reused block_n times, a B one block_m.
-PACK_COST_A, PACK_COST_B = 12, 8
 # Per level: how many micro tiles, block_k values and (block_m, block_n) pairs are kept.
 KEEP = {0: (1, 1, 1), 1: (2, 2, 3), 2: (4, 3, 5)}
 

@@ -43,6 +43,9 @@ from treadle.target.cpu import host
 
 LANES = 8
 STACK_BYTES = 1 << 20  # the packed panels and accumulator live on a thread's stack
+# Time to pack one element, in multiply-adds (measured on 1024^3): A is gathered across
+# rows, B copied along them. A packed A element is reused block_n times, a B one block_m.
+PACK_COST_A, PACK_COST_B = 12, 8
 
 
 @dataclass(frozen=True)
@@ -241,9 +244,8 @@ def _balanced(cfg: GemmConfig, batch, M, N, workers: int) -> GemmConfig:
     """For constant sizes, blocks no larger than the config's that split M and N evenly and
     keep ``workers`` equally busy: the most useful work per padded, packed tile slot.
 
-    A packed element costs about as much time as 8 (B) to 12 (A) multiply-adds (measured
-    on 1024^3: larger blocks win over evener ones); it is reused block_m (B) or block_n
-    (A) times, hence the overhead term."""
+    The overhead term is the packing per multiply-add (PACK_COST_A, PACK_COST_B; on
+    1024^3 larger blocks win over evener ones)."""
     if not all(isinstance(v, int) and v > 0 for v in (batch, M, N)):
         return cfg
     mr, nr = cfg.micro_m, cfg.micro_n
@@ -253,7 +255,7 @@ def _balanced(cfg: GemmConfig, batch, M, N, workers: int) -> GemmConfig:
         bm, bn = _round_up(ceil_div(M, tm), mr), _round_up(ceil_div(N, tn), nr)
         tiles = batch * ceil_div(M, bm) * ceil_div(N, bn)
         slots = ceil_div(tiles, workers) * workers * bm * bn
-        return batch * M * N / slots / (1 + 12 / bn + 8 / bm), bm, bn
+        return batch * M * N / slots / (1 + PACK_COST_A / bn + PACK_COST_B / bm), bm, bn
 
     candidates = [score(tm, tn) for tm in range(tiles_m, tiles_m + 2 * workers + 1)
                   for tn in range(tiles_n, tiles_n + 2 * workers + 1)]

@@ -17,7 +17,10 @@ The formulas (sizes in bytes of float32 elements):
                 fit in L1; level 0 leaves a quarter of L1 for the accumulator tile's rows
                 and the lines being prefetched
     L2          a thread's tile — A panel, B panel and accumulators,
-                block_m*block_k + block_k*block_n + block_m*block_n — fits in its L2
+                block_m*block_k + block_k*block_n + block_m*block_n — fits in its L2;
+                among the tiles that fit, those that pack the fewest elements per
+                multiply-add come first (large, and wider in N than in M, since a packed
+                element of A costs more than one of B)
     L3 / cores  every thread's tile together fits in half of the shared L3
 
 An invalid point raises ScheduleConfigError (``check_gemm_config``) and is left out.
@@ -27,7 +30,7 @@ from __future__ import annotations
 import itertools
 
 from treadle.errors import ScheduleConfigError
-from treadle.schedule.templates.matmul_cpu import GemmConfig
+from treadle.schedule.templates.matmul_cpu import PACK_COST_A, PACK_COST_B, GemmConfig
 from treadle.target.cpu import CpuTarget
 
 ELEMENT_BYTES = 4  # float32, the only dtype the GEMM template serves
@@ -40,7 +43,9 @@ TILE_MULTIPLES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 L1_SHARE = {0: 3 / 4, 1: 1, 2: 1}
 # Fraction of L2 a thread's tile may use, per level: (smallest, largest). The lower bound
 # drops tiles too small to amortise packing; the upper leaves room for the next panels.
-L2_SHARE = {0: (1 / 4, 1 / 2), 1: (1 / 8, 1 / 2), 2: (1 / 16, 3 / 4)}
+# Only the A panel must stay in L2 (B streams through L1 one micro-panel at a time and
+# each accumulator row is touched once per K block), so the tile may take most of it.
+L2_SHARE = {0: (1 / 4, 3 / 4), 1: (1 / 8, 3 / 4), 2: (1 / 16, 3 / 4)}
 # Per level: how many micro tiles, block_k values and (block_m, block_n) pairs are kept.
 KEEP = {0: (1, 1, 1), 1: (2, 2, 3), 2: (4, 3, 5)}
 
@@ -100,8 +105,8 @@ def macro_tiles(target: CpuTarget, micro_m: int, micro_n: int, block_k: int,
                 level: int) -> list[tuple[int, int]]:
     """(block_m, block_n) whose tile fits the level's share of L2 and its part of L3:
     tiles using at least the share's lower bound first (smaller ones only where a cache
-    is too small for any), then squarest (a square tile packs the fewest panel elements
-    per multiply-add), then largest."""
+    is too small for any), then by the time spent packing per multiply-add, then
+    largest."""
     low, high = L2_SHARE[level]
     tiles = []
     for a, b in itertools.product(TILE_MULTIPLES, repeat=2):
@@ -109,7 +114,7 @@ def macro_tiles(target: CpuTarget, micro_m: int, micro_n: int, block_k: int,
         size = tile_bytes(block_m, block_n, block_k)
         if size <= high * target.l2_bytes and target.cores * size <= target.l3_bytes // 2:
             tiles.append((block_m, block_n, size < low * target.l2_bytes))
-    tiles.sort(key=lambda t: (t[2], max(t[:2]) / min(t[:2]), -t[0] * t[1]))
+    tiles.sort(key=lambda t: (t[2], pack_cost(*t[:2]), -t[0] * t[1]))
     return [(block_m, block_n) for block_m, block_n, _ in tiles]
 
 
@@ -118,6 +123,11 @@ def split_ks(level: int, target: CpuTarget) -> list[int]:
     tuner discovers by measuring) 2 or one part per core."""
     choices = {0: [1], 1: [1, target.cores], 2: [1, 2, target.cores]}[level]
     return sorted(set(choices))
+
+
+def pack_cost(block_m: int, block_n: int) -> float:
+    """Multiply-adds' worth of packing per multiply-add of a block_m x block_n tile."""
+    return PACK_COST_A / block_n + PACK_COST_B / block_m
 
 
 def tile_bytes(block_m: int, block_n: int, block_k: int) -> int:

@@ -2,7 +2,8 @@
 
 Order: canonical forms first (Gemm becomes MatMul with a constant transposed weight,
 BatchNorm folds into convolution weights), then constant folding computes those new
-constants, then dead-code elimination drops what folding made unused.
+constants, then dead-code elimination drops what folding made unused; weight layouts
+last, as folding would undo them.
 """
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from treadle.graph.graph import Graph
 from treadle.graph.passes.canonicalize import canonicalize
 from treadle.graph.passes.eliminate_dead_code import eliminate_dead_code
 from treadle.graph.passes.fold_constants import fold_constants
+from treadle.graph.passes.layout_weights import layout_weights
 
-PIPELINE = (canonicalize, fold_constants, eliminate_dead_code)
+PIPELINE = (canonicalize, fold_constants, eliminate_dead_code, layout_weights)
 
 
 def optimize(graph: Graph) -> Graph:

@@ -1,6 +1,5 @@
 """Constant convolution weights are stored channels-last and read back through a
 Transpose that fuses into the convolution."""
-import numpy as np
 import pytest
 
 from tests.harness import assert_close, random_array

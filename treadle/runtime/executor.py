@@ -9,6 +9,7 @@ Each call gets its own arena, so a compiled model may be called from several thr
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from dataclasses import dataclass
@@ -67,6 +68,11 @@ class Executable:
                                for v in free_vars(d)}, key=lambda v: v.name)
         self._plans: dict[tuple, _Plan] = {}
         self._lock = threading.Lock()
+        self._constant_addresses = {slot: array.ctypes.data
+                                    for slot, array in self.constants.items()}
+        self._step_symbols = [() if step.kernel is None else
+                              step.kernel.function.params[len(step.args):]
+                              for step in self.steps]
 
     @property
     def input_names(self) -> list[str]:
@@ -90,39 +96,42 @@ class Executable:
         symbols = self._bind(arrays)
         plan = self._plan(symbols)
         arena = np.empty(plan.arena_bytes + ALIGN, np.uint8)
-        base = (-arena.ctypes.data) % ALIGN
-        values: dict[int, np.ndarray] = dict(self.constants)
-        values.update(zip(self.inputs, arrays))
+        base = arena.ctypes.data
+        base += (-base) % ALIGN
+        values: dict[int, np.ndarray] = dict(zip(self.inputs, arrays))
         for slot in self.outputs:
-            if slot not in values:
+            if slot not in values and slot not in self.constants:
                 values[slot] = np.empty(plan.shapes[slot], self.slots[slot].dtype.numpy)
-
-        def view(key, dtype: DataType, shape) -> np.ndarray:
-            start = base + plan.offsets[key]
-            return arena[start:start + _size_bytes(dtype, shape)].view(dtype.numpy).reshape(shape)
-
+        # Kernels take addresses: those of arrays, or the arena's base plus the planned
+        # offset; a view's address is its source's, so no array is made for either.
+        address = dict(self._constant_addresses)
+        address.update((slot, array.ctypes.data) for slot, array in values.items())
         for index, step in enumerate(self.steps):
-            for out in step.outputs:
-                if out not in values and step.kernel is not None:
-                    values[out] = view(out, self.slots[out].dtype, plan.shapes[out])
             if step.kernel is None:
-                source = values[step.args[0]]
-                result = source.reshape(plan.shapes[step.outputs[0]])
-                if step.outputs[0] in self.outputs:
-                    values[step.outputs[0]][...] = result
+                source, out = step.args[0], step.outputs[0]
+                if out in values:  # a graph output: the caller's array gets a copy
+                    values[out][...] = self._array(source, address, base, plan).reshape(
+                        plan.shapes[out])
                 else:
-                    values[step.outputs[0]] = result
+                    address[out] = address.get(source, base + plan.offsets.get(source, 0))
                 continue
-            workspaces = [view((index, k), w.dtype, _evaluate_shape(w.shape, symbols))
-                          for k, w in enumerate(step.workspaces)]
-            pointers = [values[a].ctypes.data if a >= 0 else workspaces[-a - 1].ctypes.data
-                        for a in step.args]
-            scalars = [symbols[p] for p in step.kernel.function.params[len(pointers):]]
-            start = time.perf_counter()
+            pointers = [address[a] if a in address else
+                        base + plan.offsets[a if a >= 0 else (index, -a - 1)] for a in step.args]
+            scalars = [symbols[v] for v in self._step_symbols[index]]
+            begin = time.perf_counter()
             step.kernel.call_unchecked(pointers + scalars)
             if times is not None:
-                times.append((step.name, time.perf_counter() - start))
-        return [self._owned(values[s], s) for s in self.outputs]
+                times.append((step.name, time.perf_counter() - begin))
+        return [self._owned(values[s], s) if s in values else self.constants[s].copy()
+                for s in self.outputs]
+
+    def _array(self, slot: int, address: dict, base: int, plan: _Plan) -> np.ndarray:
+        """Slot ``slot`` of this call as an array (for copying a view into an output)."""
+        dtype, shape = self.slots[slot].dtype.numpy, plan.shapes[slot]
+        pointer = address.get(slot, base + plan.offsets.get(slot, 0))
+        count = int(np.prod(shape, dtype=np.int64))
+        buffer = (ctypes.c_char * (count * dtype.itemsize)).from_address(pointer)
+        return np.frombuffer(buffer, dtype, count).reshape(shape)
 
     def _owned(self, array: np.ndarray, slot: int) -> np.ndarray:
         # Inputs and constants returned as outputs are copied: the caller owns the result.

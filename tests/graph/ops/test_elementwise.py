@@ -72,6 +72,18 @@ def test_binary_ops_broadcast(shapes):
         assert_close(result, BINARY_REFERENCE[op](va, vb), context=op)
 
 
+@pytest.mark.parametrize("exponent", [1.0, 2.0, 3.0, 4.0, 2.5, -1.0])
+def test_pow_by_a_known_exponent(exponent):
+    # Small integer powers become products (the generated loop vectorises); others pow().
+    x = Tensor("x", "float32", [97])
+    y = apply("Pow", [x, constant(np.float32(exponent))])[0]
+    value = random_array((97,), seed=5, low=0.1, high=3)
+    (result,) = run([x], [y], value)
+    assert_close(result, np.power(value, np.float32(exponent)), context=f"x ** {exponent}")
+    uses_pow = "pow" in str(compile_graph(Graph.from_outputs([x], [y])).steps[0].kernel.function)
+    assert uses_pow == (exponent not in (1.0, 2.0, 3.0, 4.0))
+
+
 def test_symbolic_broadcast_compiles_once():
     a = Tensor("a", "float32", ["batch", "seq", 8])
     bias = constant(random_array((8,), seed=5), "bias")

@@ -180,11 +180,27 @@ def power(ctx: OpContext):
     if not a.dtype.is_float:
         raise ctx.unsupported(f"Pow of {a.dtype} base")
     shape = broadcast_shape(ctx, a.shape, b.shape)
+    power = _small_integer(ctx.data(1))
 
     def element(*i):
         base, exponent = broadcast_load(a, i), cast(broadcast_load(b, i), a.dtype)
-        return call("pow", base, exponent)
+        if power is None:
+            return call("pow", base, exponent)
+        # A known small integer power as products: the loop stays vectorisable (GPT-2's
+        # GELU computes x ** 3 for every activation), as ONNX Runtime does for 2 and 3.
+        product = base
+        for _ in range(power - 1):
+            product = product * base
+        return product
     return [compute("y", shape, element)]
+
+
+def _small_integer(exponent) -> int | None:
+    """The exponent when it is one known value among 1..4, else None."""
+    if exponent is None or exponent.size != 1:
+        return None
+    value = float(exponent.reshape(()))
+    return int(value) if value in (1.0, 2.0, 3.0, 4.0) else None
 
 
 @register("Where")

@@ -30,26 +30,6 @@ SCALAR_TYPES = {
     "bool": "bool",
 }
 
-BF16_TO_F32 = """\
-static inline float treadle_bf16_to_f32(uint16_t bits) {
-    uint32_t wide = (uint32_t)bits << 16;
-    float value;
-    __builtin_memcpy(&value, &wide, sizeof value);
-    return value;
-}"""
-
-# Round to nearest even; a NaN stays a (quiet) NaN instead of rounding into infinity.
-F32_TO_BF16 = """\
-static inline uint16_t treadle_f32_to_bf16(float value) {
-    uint32_t bits;
-    __builtin_memcpy(&bits, &value, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((bits >> 16) | 0x40u);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}"""
-
-
 F32_BITS = """\
 static inline uint32_t treadle_f32_bits(float value) {
     uint32_t bits;
@@ -62,6 +42,23 @@ static inline float treadle_f32_from_bits(uint32_t bits) {
     __builtin_memcpy(&value, &bits, sizeof value);
     return value;
 }"""
+
+
+BF16_TO_F32 = """\
+static inline float treadle_bf16_to_f32(uint16_t bits) {
+    return treadle_f32_from_bits((uint32_t)bits << 16);
+}"""
+
+# Round to nearest even; a NaN stays a (quiet) NaN instead of rounding into infinity.
+F32_TO_BF16 = """\
+static inline uint16_t treadle_f32_to_bf16(float value) {
+    uint32_t bits = treadle_f32_bits(value);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((bits >> 16) | 0x40u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}"""
+
 
 # exp(x) = 2^n exp(r), x = n ln2 + r, |r| <= ln2 / 2 (ln2 in two parts, Cody-Waite), exp(r)
 # by Cephes' degree-6 polynomial; max relative error 8.5e-8 (< 1 ulp) for normal results.
@@ -258,6 +255,7 @@ class Prelude:
     def bfloat16_conversion(self, to_bfloat16: bool) -> str:
         name, text = (("treadle_f32_to_bf16", F32_TO_BF16) if to_bfloat16
                       else ("treadle_bf16_to_f32", BF16_TO_F32))
+        self.parts.setdefault("treadle_f32_bits", F32_BITS)
         self.parts.setdefault(name, text)
         return name
 

@@ -34,6 +34,14 @@ def _prod(values: Sequence[Extent]) -> Extent:
     return result
 
 
+def ravel(index: Sequence[Extent], shape: Sequence[Extent]) -> Extent:
+    """The flat row-major position of coordinates ``index`` inside ``shape``."""
+    flat: Extent = 0
+    for i, d in zip(index, shape):
+        flat = flat * d + i
+    return flat
+
+
 def unravel(index: Extent, shape: Sequence[Extent]) -> tuple:
     """Row-major coordinates of a flat index inside ``shape``."""
     coords = []

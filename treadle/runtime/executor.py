@@ -109,11 +109,12 @@ class Executable:
         for index, step in enumerate(self.steps):
             if step.kernel is None:
                 source, out = step.args[0], step.outputs[0]
+                pointer = address[source] if source in address else base + plan.offsets[source]
                 if out in values:  # a graph output: the caller's array gets a copy
-                    values[out][...] = self._array(source, address, base, plan).reshape(
+                    values[out][...] = self._array(pointer, source, plan).reshape(
                         plan.shapes[out])
                 else:
-                    address[out] = address.get(source, base + plan.offsets.get(source, 0))
+                    address[out] = pointer
                 continue
             pointers = [address[a] if a in address else
                         base + plan.offsets[a if a >= 0 else (index, -a - 1)] for a in step.args]
@@ -122,22 +123,20 @@ class Executable:
             step.kernel.call_unchecked(pointers + scalars)
             if times is not None:
                 times.append((step.name, time.perf_counter() - begin))
-        return [self._owned(values[s], s) if s in values else self.constants[s].copy()
-                for s in self.outputs]
+        return [self._owned(s, values) for s in self.outputs]
 
-    def _array(self, slot: int, address: dict, base: int, plan: _Plan) -> np.ndarray:
-        """Slot ``slot`` of this call as an array (for copying a view into an output)."""
+    def _array(self, pointer: int, slot: int, plan: _Plan) -> np.ndarray:
+        """Slot ``slot`` of this call, at ``pointer``, as an array (to copy a view)."""
         dtype, shape = self.slots[slot].dtype.numpy, plan.shapes[slot]
-        pointer = address.get(slot, base + plan.offsets.get(slot, 0))
         count = int(np.prod(shape, dtype=np.int64))
         buffer = (ctypes.c_char * (count * dtype.itemsize)).from_address(pointer)
         return np.frombuffer(buffer, dtype, count).reshape(shape)
 
-    def _owned(self, array: np.ndarray, slot: int) -> np.ndarray:
+    def _owned(self, slot: int, values: dict[int, np.ndarray]) -> np.ndarray:
         # Inputs and constants returned as outputs are copied: the caller owns the result.
-        if slot in self.inputs or slot in self.constants:
-            return array.copy()
-        return array
+        if slot in values and slot not in self.inputs:
+            return values[slot]
+        return (values[slot] if slot in values else self.constants[slot]).copy()
 
     # ---- arguments -----------------------------------------------------------------------
     def _arguments(self, args, named) -> list[np.ndarray]:

@@ -25,9 +25,10 @@ from treadle.errors import TreadleError
 from treadle.graph.operator import Operator
 from treadle.graph.partition import Group, element_map, is_view
 from treadle.graph.tensor import Tensor
+from treadle.ir.compute import Compute
 from treadle.ir.expr import Buffer, Expr, Load, Var, as_expr
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
-from treadle.ir.mapping import unravel
+from treadle.ir.mapping import ravel, unravel
 from treadle.ir.stmt import Assert, Function, Let, Seq, Stmt, Store
 from treadle.schedule.operator import schedule_operator
 from treadle.schedule.rules import Inliner, bound_vars, canonical_names, reachable
@@ -135,10 +136,12 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
         if is_view(op):
             source = op.inputs[0]
             values[id(out)] = values[id(source)]
-            index_of[id(out)] = reshaped_index(index_of[id(source)], source.shape, out.shape)
+            index_of[id(out)] = unravel(ravel(index_of[id(source)], source.shape), out.shape)
             continue
-        indices = {_index_through(load, op, index_of) for load in op.definition[0].loads()
-                   if id(_tensor_of(op, load)) in values}
+        tensor_of = dict(zip(op.input_buffers, op.inputs))
+        indices = {_index_through(load, op.definition[0], index_of[id(tensor_of[load.buffer])])
+                   for load in op.definition[0].loads()
+                   if id(tensor_of.get(load.buffer)) in values}
         if len(indices) != 1:
             raise FusionError(f"{op.name!r} combines elements of different in-group indices")
         index = indices.pop()
@@ -163,24 +166,10 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
     return rewrite(body, visit)
 
 
-def _tensor_of(op: Operator, load: Load) -> Tensor | None:
-    return dict(zip(op.input_buffers, op.inputs)).get(load.buffer)
-
-
-def _index_through(load: Load, op: Operator, index_of: dict) -> tuple[Expr, ...]:
-    """``op``'s output index that reads the element ``load`` takes from an in-group tensor,
-    given that tensor's index (``graph.partition.element_map``)."""
-    source = index_of[id(_tensor_of(op, load))]
-    positions = element_map(load, op.definition[0])
-    return tuple(as_expr(0) if k is None else source[k] for k in positions)
-
-
-def reshaped_index(index: Sequence[Expr], shape: Sequence, new_shape: Sequence) -> tuple[Expr, ...]:
-    """The index in ``new_shape`` of the element at ``index`` in ``shape``, row-major."""
-    flat = as_expr(0)
-    for i, d in zip(index, shape):
-        flat = flat * d + i
-    return tuple(unravel(flat, list(new_shape)))
+def _index_through(load: Load, c: Compute, source: tuple[Expr, ...]) -> tuple[Expr, ...]:
+    """The index of ``c``'s element that reads, through ``load``, the element of an
+    in-group tensor at index ``source`` (``graph.partition.element_map``)."""
+    return tuple(as_expr(0) if k is None else source[k] for k in element_map(load, c))
 
 
 def _assemble(name: str, body: Stmt, group: Group, buffers: _TensorBuffers,

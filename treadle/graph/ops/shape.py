@@ -23,12 +23,13 @@ import numpy as np
 from treadle.errors import UnsupportedOpError
 from treadle.graph.operator import OpContext, register
 from treadle.graph.ops.common import onnx_dtype, same_dtype
-from treadle.graph.ops.transform import ravel, known_scalar, simplify_dim
+from treadle.graph.ops.transform import known_scalar, simplify_dim
 from treadle.graph.tensor import num_elements
 from treadle.ir import dtypes
 from treadle.ir.compute import compute
 from treadle.ir.dtypes import DataType, dtype_of
 from treadle.ir.expr import Const, Expr, as_expr, cast, eq, maximum, select
+from treadle.ir.mapping import ravel
 
 MAX_CONSTANT_ELEMENTS = 1024
 

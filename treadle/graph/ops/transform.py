@@ -32,7 +32,7 @@ from treadle.ir.compute import combine, compute, identity_of, reduce
 from treadle.ir.expr import (Binary, Const, Expr, as_expr, call, cast, eq, logical_and,
                              maximum, minimum, select)
 from treadle.ir.functor import free_vars
-from treadle.ir.mapping import unravel
+from treadle.ir.mapping import ravel, unravel
 from treadle.ir.simplify import Interval, simplify_expr
 
 INT64_MAX = 2 ** 63 - 1
@@ -136,13 +136,6 @@ def _axes(ctx: OpContext, i: int, rank: int) -> Optional[list[int]]:
     if ctx.attr("axes") is not None:
         return normalize_axes(ctx, ctx.attr("axes"), rank)
     return None
-
-
-def ravel(index: Sequence[Expr], shape: Sequence) -> Expr:
-    flat = as_expr(0)
-    for i, d in zip(index, shape):
-        flat = flat * d + i
-    return flat
 
 
 def _index(value: Expr, dim) -> Expr:

@@ -2,19 +2,19 @@
 
 Order: canonical forms first (Gemm becomes MatMul with a constant transposed weight,
 BatchNorm folds into convolution weights), then constant folding computes those new
-constants, then dead-code elimination drops what folding made unused; weight layouts
-last, as folding would undo them.
+constants, then dead-code elimination drops what folding made unused; the channels-last
+layout last, so that it transposes the folded weights.
 """
 from __future__ import annotations
 
 from treadle.dump import dump_text
 from treadle.graph.graph import Graph
 from treadle.graph.passes.canonicalize import canonicalize
+from treadle.graph.passes.channels_last import channels_last
 from treadle.graph.passes.eliminate_dead_code import eliminate_dead_code
 from treadle.graph.passes.fold_constants import fold_constants
-from treadle.graph.passes.layout_weights import layout_weights
 
-PIPELINE = (canonicalize, fold_constants, eliminate_dead_code, layout_weights)
+PIPELINE = (canonicalize, fold_constants, eliminate_dead_code, channels_last)
 
 
 def optimize(graph: Graph) -> Graph:

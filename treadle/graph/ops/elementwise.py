@@ -251,3 +251,7 @@ def clip(ctx: OpContext):
             value = minimum(value, high[(0,) * high.rank])
         return value
     return [compute("y", x.shape, element)]
+
+# The ops whose every output element reads the inputs only at its own (broadcast) index:
+# they commute with a transposition of all their inputs (see passes.channels_last).
+ELEMENTWISE = frozenset({*UNARY, *BINARY, *VARIADIC, "Pow", "Where", "Cast", "Clip"})

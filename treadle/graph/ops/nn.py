@@ -330,11 +330,13 @@ class Window:
                 conds += [p >= 0, p < n]
         return logical_and(*conds) if conds else None
 
-    def load(self, x: Buffer, lead: Sequence[Expr], positions: Sequence[Expr], fill: Expr):
-        """x[lead, positions], or ``fill`` where a position is outside the input."""
+    def load(self, x: Buffer, layout: "Layout", batch: Expr, channel: Expr,
+             positions: Sequence[Expr], fill: Expr):
+        """x at (batch, channel, positions), or ``fill`` where a position is outside the
+        input."""
         index = [minimum(maximum(p, 0), n - 1) if leaves else p
                  for p, n, leaves in zip(positions, self.sizes, self.leaves)]
-        value = x[(*lead, *index)]
+        value = x[layout.join(batch, channel, index)]
         inside = self.inside(positions)
         return value if inside is None else select(inside, value, fill)
 
@@ -417,14 +419,38 @@ def _drop_window_in_padding(ctx: OpContext, out: Dim, stride: int, size: Dim, be
     raise ctx.unsupported("ceil_mode with a symbolic spatial size")
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where the channel axis of a batch x channel x spatial tensor lies: second (ONNX's
+    NCHW) or last (NHWC, the channels-last operators that ``passes.channels_last``
+    introduces so that a convolution's channels are contiguous)."""
+    channels_last: bool
+
+    def split(self, dims: Sequence) -> tuple:
+        """(batch, channel, spatial) of a shape or an index."""
+        if self.channels_last:
+            return dims[0], dims[-1], tuple(dims[1:-1])
+        return dims[0], dims[1], tuple(dims[2:])
+
+    def join(self, batch, channel, spatial: Sequence) -> tuple:
+        if self.channels_last:
+            return (batch, *spatial, channel)
+        return (batch, channel, *spatial)
+
+
+NCHW, NHWC = Layout(False), Layout(True)
+
+
 def _spatial_input(ctx: OpContext, float_only: bool = True) -> Buffer:
     x = _float_input(ctx) if float_only else ctx.input(0)
     _rank_at_least(ctx, x, 3, "input 0 (N x C x spatial...)")
     return x
 
 
-@register("Conv")
-def conv(ctx: OpContext):
+def _conv(ctx: OpContext, layout: Layout):
+    """ONNX Conv; channels-last, the input is N x spatial x C and the weight
+    kernel x C/group x M (reduction axes kernel-major, so an implicit GEMM's packing
+    reads contiguous channels)."""
     x, w = _spatial_input(ctx), ctx.input(1)
     dtype = same_dtype(ctx, x, w)
     nsp = x.rank - 2
@@ -433,82 +459,104 @@ def conv(ctx: OpContext):
     fixed = [normalize_dim(d) for d in w.shape]
     if not all(isinstance(d, int) for d in fixed):
         raise ctx.unsupported(f"weight shape {[str(d) for d in w.shape]} must be static")
-    m, group_channels, kernel = fixed[0], fixed[1], tuple(fixed[2:])
+    if layout.channels_last:
+        *kernel, group_channels, m = fixed
+    else:
+        m, group_channels, *kernel = fixed
+    kernel = tuple(kernel)
     if ctx.attr("kernel_shape") is not None and _ints(ctx, "kernel_shape", nsp, 1) != kernel:
         raise ctx.error(f"kernel_shape {list(ctx.attr('kernel_shape'))} differs from the "
                         f"weight's spatial shape {list(kernel)}")
     group = int(ctx.attr("group", 1))
     if group < 1 or m % group:
         raise ctx.error(f"group {group} must be positive and divide the {m} output channels")
-    _same_size(ctx, x.shape[1], group_channels * group,
+    batch, channels, sizes = layout.split(x.shape)
+    _same_size(ctx, channels, group_channels * group,
                f"input channels must be group ({group}) x weight channels ({group_channels})")
-    win = _window(ctx, x.shape[2:], kernel)
+    win = _window(ctx, sizes, kernel)
     acc, per_group = accumulator(dtype), m // group
 
-    def element(n, oc, *rest):
-        out, (c, *taps) = rest[:nsp], rest[nsp:]
+    def element(*idx):
+        n, oc, out = layout.split(idx[:nsp + 2])
+        window = idx[nsp + 2:]
+        taps, c = (window[:-1], window[-1]) if layout.channels_last else (window[1:], window[0])
         channel = c if group == 1 else oc // per_group * group_channels + c
-        value = win.load(x, (n, channel), win.positions(out, taps), _c(0, dtype))
-        return cast(value, acc) * cast(w[(oc, c, *taps)], acc)
-    product = reduce("conv", [x.shape[0], m, *win.out], [group_channels, *kernel], element)
+        value = win.load(x, layout, n, channel, win.positions(out, taps), _c(0, dtype))
+        weight = w[(*taps, c, oc)] if layout.channels_last else w[(oc, c, *taps)]
+        return cast(value, acc) * cast(weight, acc)
+    taps = [*kernel, group_channels] if layout.channels_last else [group_channels, *kernel]
+    product = reduce("conv", layout.join(batch, m, win.out), taps, element)
     if not ctx.has_input(2):
         return [_finish(ctx, product, dtype)]
     bias = _per_channel(ctx, 2, as_expr(m))
-    return [_finish(ctx, product, dtype, lambda i, v: v + cast(bias[i[1]], acc))]
+    return [_finish(ctx, product, dtype, lambda i, v: v + cast(bias[layout.split(i)[1]], acc))]
 
 
-def _pool_window(ctx: OpContext, x: Buffer) -> Window:
+def _pool_window(ctx: OpContext, x: Buffer, layout: Layout) -> Window:
     ctx.required_attr("kernel_shape")
-    return _window(ctx, x.shape[2:], _ints(ctx, "kernel_shape", x.rank - 2, 1),
+    return _window(ctx, layout.split(x.shape)[2], _ints(ctx, "kernel_shape", x.rank - 2, 1),
                    bool(ctx.attr("ceil_mode", 0)))
 
 
-@register("MaxPool")
-def max_pool(ctx: OpContext):
+def _max_pool(ctx: OpContext, layout: Layout):
     if ctx.num_outputs > 1:
         raise ctx.unsupported("the Indices output is not supported")
     x = _spatial_input(ctx, float_only=False)  # MaxPool also takes 8-bit integers
     if x.dtype.is_bool:
         raise ctx.error(f"input 0 must be numeric, got {x.dtype}", DTypeError)
-    win = _pool_window(ctx, x)
+    win, nsp = _pool_window(ctx, x, layout), x.rank - 2
     lowest = identity_of("max", x.dtype)
 
-    def element(n, c, *rest):
-        out, taps = rest[:x.rank - 2], rest[x.rank - 2:]
-        return win.load(x, (n, c), win.positions(out, taps), lowest)
-    return [reduce("maxpool", [*x.shape[:2], *win.out], win.kernel, element, "max")]
+    def element(*idx):
+        n, c, out = layout.split(idx[:nsp + 2])
+        return win.load(x, layout, n, c, win.positions(out, idx[nsp + 2:]), lowest)
+    batch, channels, _ = layout.split(x.shape)
+    return [reduce("maxpool", layout.join(batch, channels, win.out), win.kernel, element, "max")]
 
 
-@register("AveragePool")
-def average_pool(ctx: OpContext):
+def _average_pool(ctx: OpContext, layout: Layout):
     """The window sum over the number of positions counted: those inside the input, or
     with count_include_pad those inside the padded input. The count is a product of one
     small per-dimension count, since the condition holds per dimension."""
     x = _spatial_input(ctx)
-    win, nsp = _pool_window(ctx, x), x.rank - 2
+    win, nsp = _pool_window(ctx, x, layout), x.rank - 2
     work = accumulator(x.dtype)
     padded = bool(ctx.attr("count_include_pad", 0))
 
-    def element(n, c, *rest):
-        out, taps = rest[:nsp], rest[nsp:]
-        return cast(win.load(x, (n, c), win.positions(out, taps), _c(0, x.dtype)), work)
-    total = reduce("avgpool_sum", [*x.shape[:2], *win.out], win.kernel, element)
+    def element(*idx):
+        n, c, out = layout.split(idx[:nsp + 2])
+        value = win.load(x, layout, n, c, win.positions(out, idx[nsp + 2:]), _c(0, x.dtype))
+        return cast(value, work)
+    batch, channels, _ = layout.split(x.shape)
+    total = reduce("avgpool_sum", layout.join(batch, channels, win.out), win.kernel, element)
     counts = [_window_count(win, d, padded, work) for d in range(nsp)]
 
     def average(*i):
         divisor = _c(1.0, work)
+        out = layout.split(i)[2]
         for d, cnt in enumerate(counts):
-            divisor = divisor * (_c(float(win.kernel[d]), work) if cnt is None else cnt[i[2 + d]])
+            divisor = divisor * (_c(float(win.kernel[d]), work) if cnt is None else cnt[out[d]])
         return total[i] / divisor
     return [compute("avgpool", total.shape, average, x.dtype)]
 
 
+for _layout, _prefix in ((NCHW, ""), (NHWC, "ChannelsLast")):
+    register(f"{_prefix}Conv")(lambda ctx, layout=_layout: _conv(ctx, layout))
+    register(f"{_prefix}MaxPool")(lambda ctx, layout=_layout: _max_pool(ctx, layout))
+    register(f"{_prefix}AveragePool")(lambda ctx, layout=_layout: _average_pool(ctx, layout))
+
+
 def _window_count(win: Window, d: int, padded: bool, work: DataType) -> Compute | None:
     """Per output position along spatial dimension d, how many taps are counted; None
-    where every window lies inside the input."""
-    if not win.leaves[d]:
-        return None
+    where every window lies inside the counted range (the input, or with ``padded`` the
+    padded input), so that the count is the kernel size."""
     low, high = (-win.begin[d], win.sizes[d] + win.end[d]) if padded else (0, win.sizes[d])
+    span = win.dilations[d] * (win.kernel[d] - 1)
+    last = normalize_dim((as_expr(win.out[d]) - 1) * win.strides[d] - win.begin[d] + span)
+    end = normalize_dim(high)
+    if not win.leaves[d] or (padded and isinstance(last, int) and isinstance(end, int)
+                             and last < end):
+        return None
 
     def counted(o, k):
         p = o * win.strides[d] - win.begin[d] + k * win.dilations[d]

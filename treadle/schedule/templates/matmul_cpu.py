@@ -27,7 +27,7 @@ sums the parts and applies the epilogue.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from treadle.config import config
 from treadle.errors import ScheduleConfigError
@@ -263,6 +263,15 @@ def _balanced(cfg: GemmConfig, batch, M, N, workers: int) -> GemmConfig:
     return replace(cfg, block_m=bm, block_n=bn)
 
 
+def _whole_rows(cfg: GemmConfig, k_extents: Sequence) -> GemmConfig:
+    """A K block of whole rows of the innermost K axis (a convolution's input channels),
+    where one fits, so that packing walks rows without dividing (see _k_walk)."""
+    width = k_extents[-1] if len(k_extents) > 1 else None
+    if isinstance(width, int) and width <= cfg.block_k:
+        return replace(cfg, block_k=cfg.block_k // width * width)
+    return cfg
+
+
 def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPattern,
                   cfg: GemmConfig = GemmConfig(),
                   checks: Sequence[tuple[Expr, str]] = ()) -> Kernel:
@@ -279,6 +288,7 @@ def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPatte
     if _in_place(_Gemm(pattern, extents, clamped))[1]:
         clamped = _streaming(clamped, *sizes)
     clamped = _balanced(clamped, _product(extents["batch"]), *sizes[:2], workers)
+    clamped = _whole_rows(clamped, extents["k"])
     gemm = _Gemm(pattern, extents, clamped)
     _check_stack(gemm, threads)
     with FunctionBuilder(name) as fb:
@@ -390,9 +400,10 @@ def _accumulate(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, acc: Buffer, slot
     for kb in fb.range(_max(ceil_div(k_len, cfg.block_k), 1), name="kb"):
         k0 = fb.let("k0", k_begin + kb * cfg.block_k)
         depth = fb.let("depth", _max(_min(cfg.block_k, k_len - kb * cfg.block_k), 0))
-        a_pack = None if left_in_place else _pack_left(fb, gemm, tile, k0, depth)
+        block = _KBlock(k0, depth, _first_row(gemm, kb, k_begin))
+        a_pack = None if left_in_place else _pack_left(fb, gemm, tile, block)
         # In place, the right factor's ragged last micro-panel still needs zero padding.
-        b_pack = _pack_right(fb, gemm, tile, k0, depth, ragged_only=right_in_place)
+        b_pack = _pack_right(fb, gemm, tile, block, ragged_only=right_in_place)
         packed = _Operands(gemm, tile, k0, a_pack, b_pack, 0 if right_in_place else None)
         in_place = replace(packed, b_pack=None)
         for q in fb.range(ceil_div(tile.cols, nr), name="q"):
@@ -405,6 +416,42 @@ def _accumulate(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, acc: Buffer, slot
                         _register_tile(*args, packed.reader(fb, p, q))
                 else:
                     _register_tile(*args, packed.reader(fb, p, q))
+
+
+@dataclass(frozen=True)
+class _KBlock:
+    """K positions [k0, k0 + depth); ``first_row`` is k0 in rows of the innermost K axis
+    when the block starts on a whole row, else None."""
+    k0: Expr
+    depth: Expr
+    first_row: Expr | None
+
+
+def _first_row(gemm: _Gemm, kb, k_begin) -> Expr | None:
+    extents = gemm.extents["k"]
+    width = extents[-1]
+    if (len(extents) < 2 or not isinstance(width, int) or gemm.cfg.block_k % width
+            or not (isinstance(k_begin, int) and k_begin == 0)):
+        return None
+    return kb * (gemm.cfg.block_k // width)
+
+
+def _k_walk(fb: FunctionBuilder, gemm: _Gemm, block: _KBlock) -> Iterator[tuple[Expr, dict]]:
+    """(kk, coordinates of K position k0 + kk) for every kk < depth. A block of whole rows
+    of the innermost K axis is walked as two loops, over rows and along each, so the
+    coordinates cost a division per row rather than per position (a 3x3 convolution's
+    packing spent most of its time dividing)."""
+    if block.first_row is None:
+        for kk in fb.range(block.depth, name="kk"):
+            yield kk, gemm.coords(fb, "k", block.k0 + kk)
+        return
+    axes, extents = gemm.pattern.compute.reduce_axes, gemm.extents["k"]
+    width = extents[-1]
+    for row in fb.range(ceil_div(block.depth, width), name="krow"):
+        outer = unravel(block.first_row + row, extents[:-1])
+        coords = {a: fb.let(a.name, v) for a, v in zip(axes[:-1], outer)}
+        for col in fb.range(_min(width, block.depth - row * width), name="kcol"):
+            yield fb.let("kk", row * width + col), {**coords, axes[-1]: col}
 
 
 def _in_place(gemm: _Gemm) -> tuple[bool, bool]:
@@ -469,7 +516,7 @@ def _f32(e: Expr) -> Expr:
     return e if e.dtype == float32 else Cast(e, float32)
 
 
-def _pack_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, k0, depth) -> Buffer:
+def _pack_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, block: _KBlock) -> Buffer:
     """a_pack[p, kk, r] = left(row0 + p * micro_m + r, k0 + kk), zero past the last row."""
     cfg, mr = gemm.cfg, gemm.cfg.micro_m
     a_pack = fb.buffer("a_pack", float32, [cfg.block_m // mr, cfg.block_k, mr])
@@ -477,13 +524,12 @@ def _pack_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, k0, depth) -> Buff
         with fb.if_(p * mr + mr <= tile.rows):
             # A whole micro-panel: walk K once, writing the packed panel linearly.
             rows = [gemm.coords(fb, "m", tile.row0 + p * mr + r) for r in range(mr)]
-            for kk in fb.range(depth, name="kk"):
-                k = gemm.coords(fb, "k", k0 + kk)
+            for kk, k in _k_walk(fb, gemm, block):
                 for r in range(mr):
                     a_pack[p, kk, r] = _f32(substitute(gemm.pattern.left,
                                                        {**tile.batch, **rows[r], **k}))
         with fb.else_():
-            _pack_ragged_left(fb, gemm, tile, k0, depth, a_pack, p)
+            _pack_ragged_left(fb, gemm, tile, block.k0, block.depth, a_pack, p)
     return a_pack
 
 
@@ -502,7 +548,7 @@ def _pack_ragged_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, k0, depth,
                 a_pack[p, kk, r] = 0.0
 
 
-def _pack_right(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, k0, depth,
+def _pack_right(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, block: _KBlock,
                 ragged_only: bool) -> Buffer:
     """b_pack[p, kk, c] = right(k0 + kk, col0 + p * micro_n + c), zero past the last
     column. Whole micro-panels are filled row by row of the block (K outer), so each
@@ -522,15 +568,13 @@ def _pack_right(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, k0, depth,
                                      if checked else value)
 
     if not ragged_only:
-        for kk in fb.range(depth, name="kk"):
-            k = gemm.coords(fb, "k", k0 + kk)
+        for kk, k in _k_walk(fb, gemm, block):
             for p in fb.range(tile.cols // nr, name="p"):
                 fill_row(p, p, kk, k, checked=False)
     with fb.if_(tile.cols % nr > 0):
         last = tile.cols // nr
-        for kk in fb.range(depth, name="kk"):
-            fill_row(last, 0 if ragged_only else last, kk,
-                     gemm.coords(fb, "k", k0 + kk), checked=True)
+        for kk, k in _k_walk(fb, gemm, block):
+            fill_row(last, 0 if ragged_only else last, kk, k, checked=True)
     return b_pack
 
 

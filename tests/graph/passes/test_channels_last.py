@@ -1,0 +1,94 @@
+"""channels_last: convolutions and pools run N x spatial x C, the transposes between
+consecutive layers cancel, and the network still matches ONNX Runtime."""
+import numpy as np
+import pytest
+from onnx import helper
+
+from tests.frontend.onnx_models import make_model, run_onnxruntime, tensor
+from tests.harness import assert_close, random_array
+from treadle.compiler import compile_graph
+from treadle.frontend.onnx import from_onnx
+from treadle.graph.optimize import optimize
+
+
+def node(op, inputs, outputs, **attrs):
+    return helper.make_node(op, inputs, outputs, name=outputs[0], **attrs)
+
+
+def small_net(side: int, pads_input: bool = True):
+    """Conv-BN-ReLU, max pool, a residual 3x3 block, a 1x1 branch joined by Concat, an
+    average pool and a global pool: the layers of ResNet and Inception in miniature."""
+    c = 6
+    nodes = [
+        node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+        node("BatchNormalization", ["c0", "g", "beta", "mean", "var"], ["bn"]),
+        node("Relu", ["bn"], ["r0"]),
+        node("MaxPool", ["r0"], ["p0"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        node("Conv", ["p0", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        node("Mul", ["c1", "scale"], ["s1"]),
+        node("Add", ["s1", "p0"], ["res"]),
+        node("Relu", ["res"], ["r1"]),
+        node("Conv", ["r1", "w2"], ["c2"], strides=[1, 1]),
+        node("Sigmoid", ["c2"], ["g2"]),
+        node("Concat", ["r1", "g2"], ["cat"], axis=1),
+        node("AveragePool", ["cat"], ["p1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        node("Conv", ["p1", "w3"], ["c3"], group=2 * c, pads=[1, 1, 1, 1]),
+        node("GlobalAveragePool", ["c3"], ["y"]),
+    ]
+    weights = {
+        "w0": random_array((c, 3, 3, 3), seed=1), "b0": random_array((c,), seed=2),
+        "g": random_array((c,), seed=3, low=0.5, high=1.5), "beta": random_array((c,), seed=4),
+        "mean": random_array((c,), seed=5), "var": random_array((c,), seed=6, low=0.5),
+        "w1": random_array((c, c, 3, 3), seed=7), "scale": random_array((c, 1, 1), seed=8),
+        "w2": random_array((c, c, 1, 1), seed=9), "w3": random_array((2 * c, 1, 3, 3), seed=10),
+    }
+    return make_model(nodes, [tensor("x", ["n", 3, side, side])], [tensor("y", ["n", 2 * c, 1, 1])],
+                      weights)
+
+
+def op_types(graph):
+    return [n.op_type for n in graph.nodes]
+
+
+def test_layers_run_channels_last_and_only_the_ends_transpose():
+    graph = optimize(from_onnx(small_net(11)))
+    types = op_types(graph)
+    assert not {"Conv", "MaxPool", "AveragePool"} & set(types)
+    assert types.count("ChannelsLastConv") == 4
+    # The (padded) input is transposed once; the global pool reads the last layer back
+    # as NCHW.
+    transposes = [n for n in graph.nodes if n.op_type == "Transpose"]
+    assert len(transposes) == 2, types
+    assert transposes[0].inputs[0].producer.inputs[0] is graph.inputs[0]
+    assert transposes[1].outputs[0] is graph.nodes[-1].inputs[0]
+    # Padding moved to the channels-last side: no Pad reads a transpose.
+    pads = [n for n in graph.nodes if n.op_type == "Pad"]
+    assert pads and all(p.inputs[0].producer.op_type != "Transpose" for p in pads[1:])
+
+
+@pytest.mark.parametrize("batch,side", [(1, 11), (2, 7), (1, 16)])
+def test_small_net_matches_onnxruntime(batch, side):
+    model = small_net(side)
+    x = random_array((batch, 3, side, side), seed=side)
+    expected = run_onnxruntime(model, {"x": x})[0]
+    actual = compile_graph(from_onnx(model))(x)[0]
+    assert_close(actual, expected, reduction=9 * 6 * 4)
+
+
+def test_non_constant_broadcast_operand_keeps_the_transpose():
+    nodes = [node("Conv", ["x", "w"], ["c"]), node("Mul", ["c", "s"], ["y"])]
+    model = make_model(nodes, [tensor("x", [1, 4, 5, 7]), tensor("s", [3, 1, 1])],
+                       [tensor("y", [1, 3, 5, 7])], {"w": random_array((3, 4, 1, 1), seed=1)})
+    graph = optimize(from_onnx(model))
+    mul = next(n for n in graph.nodes if n.op_type == "Mul")
+    assert mul.inputs[0].producer.op_type == "Transpose"
+    feeds = {"x": random_array((1, 4, 5, 7), seed=2), "s": random_array((3, 1, 1), seed=3)}
+    assert_close(compile_graph(from_onnx(model))(**feeds)[0],
+                 run_onnxruntime(model, feeds)[0], reduction=4)
+
+
+def test_other_transposes_stay_where_the_model_put_them():
+    """An attention-style transpose is not a layout change and does not sink."""
+    nodes = [node("Transpose", ["x"], ["t"], perm=[0, 2, 1, 3]), node("Relu", ["t"], ["y"])]
+    model = make_model(nodes, [tensor("x", [2, 3, 4, 5])], [tensor("y", [2, 4, 3, 5])])
+    assert op_types(optimize(from_onnx(model))) == ["Transpose", "Relu"]

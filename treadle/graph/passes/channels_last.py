@@ -1,0 +1,179 @@
+"""Channels-last activations: convolutions and pooling read and write N x spatial x C.
+
+With ONNX's N x C x spatial layout, a convolution as implicit GEMM (pixels x channels)
+stores each output vector of channels one image plane apart, and its packing walks the
+input one plane per reduction step. Channels last, the output channels and the input
+channels of each tap are contiguous, and a 1x1 convolution is a plain matrix product.
+
+Each Conv, MaxPool and AveragePool becomes its channels-last twin between two
+transposes: ``to_nchw(ChannelsLastConv(to_nhwc(x)))``. The transposes back to NCHW then
+sink through the operators that commute with them (element-wise ops, whose constant
+operands are transposed instead, Pad, Concat) until they meet the next layer's
+``to_nhwc`` and cancel, so between consecutive layers the activations stay channels-last.
+A transpose left in front of some other consumer (a global pooling, a reshape, the
+graph's output) is an ordinary operator, which fusion inlines into its reader or writer.
+The weights become kernel x C/group x M constants.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from treadle.graph.graph import Graph
+from treadle.graph.operator import Operator, apply
+from treadle.graph.ops.elementwise import ELEMENTWISE
+from treadle.graph.rewrite import rewrite_graph
+from treadle.graph.tensor import Tensor, constant
+
+LAYERS = ("Conv", "MaxPool", "AveragePool")
+
+
+def channels_last(graph: Graph) -> Graph:
+    return rewrite_graph(graph, _rule)
+
+
+def _rule(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
+    if node.op_type in LAYERS and inputs[0].rank >= 3 and len(node.outputs) == 1:
+        return [_layer(node, inputs)]
+    if node.op_type == "Transpose":
+        return _compose(node, inputs[0])
+    if node.op_type in ELEMENTWISE and len(node.outputs) == 1:
+        return _sink_elementwise(node, inputs)
+    if node.op_type == "Pad":
+        return _sink_pad(node, inputs)
+    if node.op_type == "Concat":
+        return _sink_concat(node, inputs)
+    return None
+
+
+def to_last(rank: int) -> list[int]:
+    """The transposition N x C x spatial -> N x spatial x C."""
+    return [0, *range(2, rank), 1]
+
+
+def to_first(rank: int) -> list[int]:
+    return [0, rank - 1, *range(1, rank - 1)]
+
+
+def _layer(node: Operator, inputs: list) -> Tensor:
+    x, rest = inputs[0], list(inputs[1:])
+    if node.op_type == "Conv":
+        rest[0] = _kernel_major(rest[0], node.name)
+    last = _transpose(x, to_last(x.rank), f"{node.name}/to_nhwc")
+    y = apply(f"ChannelsLast{node.op_type}", [last, *rest], node.attrs, node.name)[0]
+    return _transpose(y, to_first(x.rank), f"{node.name}/to_nchw")
+
+
+def _kernel_major(weight: Tensor, name: str) -> Tensor:
+    """An M x C/group x kernel weight as kernel x C/group x M."""
+    perm = [*range(2, weight.rank), 1, 0]
+    if weight.is_constant:
+        data = np.ascontiguousarray(weight.data.transpose(perm))
+        return constant(data, f"{weight.name}/kernel_major", weight.dtype)
+    return apply("Transpose", [weight], {"perm": perm}, f"{name}/weight")[0]
+
+
+def _transpose(x: Tensor, perm: Sequence[int], name: str) -> Tensor:
+    """x transposed by perm; a transpose of a transpose is one transpose, or none."""
+    inner = _transposed(x)
+    if inner is not None:
+        x, first = inner
+        perm = [first[p] for p in perm]
+    if list(perm) == list(range(len(perm))):
+        return x
+    return apply("Transpose", [x], {"perm": list(perm)}, name)[0]
+
+
+def _transposed(t: Optional[Tensor]) -> Optional[tuple[Tensor, list[int]]]:
+    """(source, perm) when ``t`` is a transpose of source, else None."""
+    node = t.producer if t is not None else None
+    if node is None or node.op_type != "Transpose":
+        return None
+    source = node.inputs[0]
+    return source, list(node.attrs.get("perm") or reversed(range(source.rank)))
+
+
+def _back_to_first(t: Optional[Tensor]) -> Optional[tuple[Tensor, list[int]]]:
+    """(source, perm) when ``t`` is a channels-last tensor transposed back to NCHW. Only
+    these sink: other transposes (attention heads, say) keep the place the model gave
+    them."""
+    found = _transposed(t)
+    if found is None or len(found[1]) < 3 or found[1] != to_first(len(found[1])):
+        return None
+    return found
+
+
+def _compose(node: Operator, x: Tensor) -> Optional[Sequence[Tensor]]:
+    if _transposed(x) is None:
+        return None
+    return [_transpose(x, node.attrs.get("perm") or list(reversed(range(x.rank))), node.name)]
+
+
+def _inverse(perm: Sequence[int]) -> list[int]:
+    inverse = [0] * len(perm)
+    for k, p in enumerate(perm):
+        inverse[p] = k
+    return inverse
+
+
+def _sink_elementwise(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
+    """op(transpose(a), transpose(b), c) = transpose(op(a, b, c')), where every transposed
+    operand has the output's rank and the same perm, and c' is a constant transposed
+    back (or an operand whose broadcast ignores the order of axes)."""
+    found = [_back_to_first(t) for t in inputs]
+    perms = {tuple(f[1]) for f in found if f is not None}
+    rank = node.outputs[0].rank
+    if len(perms) != 1:
+        return None
+    perm = list(perms.pop())
+    if len(perm) != rank:
+        return None
+    inverse = _inverse(perm)
+    operands = []
+    for t, f in zip(inputs, found):
+        if f is not None:
+            operands.append(f[0])
+        elif t is None or _order_free(t):
+            operands.append(t)
+        elif t.is_constant and t.rank <= rank:
+            full = t.data.reshape((1,) * (rank - t.rank) + t.data.shape)
+            operands.append(constant(np.ascontiguousarray(full.transpose(inverse)),
+                                     f"{t.name}/transposed", t.dtype))
+        else:
+            return None
+    y = apply(node.op_type, operands, node.attrs, node.name)[0]
+    return [_transpose(y, perm, f"{node.name}/sunk")]
+
+
+def _order_free(t: Tensor) -> bool:
+    """Whether ``t`` broadcasts the same under any order of the axes: a scalar or one
+    element."""
+    return all(isinstance(d, int) and d == 1 for d in t.shape)
+
+
+def _sink_pad(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
+    found = _back_to_first(inputs[0])
+    pads = inputs[1] if len(inputs) > 1 else None
+    if found is None or pads is None or pads.value is None or len(inputs) > 3:
+        return None
+    source, perm = found
+    widths, rank = list(pads.value), len(perm)
+    if len(widths) != 2 * rank:
+        return None
+    moved = [0] * (2 * rank)
+    for k, p in enumerate(perm):
+        moved[p], moved[p + rank] = widths[k], widths[k + rank]
+    new_pads = constant(np.array(moved, np.int64), f"{node.name}/pads")
+    y = apply("Pad", [source, new_pads, *inputs[2:]], node.attrs, node.name)[0]
+    return [_transpose(y, perm, f"{node.name}/sunk")]
+
+
+def _sink_concat(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
+    found = [_back_to_first(t) for t in inputs]
+    if any(f is None for f in found) or len({tuple(f[1]) for f in found}) != 1:
+        return None
+    perm = found[0][1]
+    axis = int(node.attrs["axis"]) % len(perm)
+    y = apply("Concat", [f[0] for f in found], {"axis": perm[axis]}, node.name)[0]
+    return [_transpose(y, perm, f"{node.name}/sunk")]

@@ -43,6 +43,7 @@ from treadle.target.cpu import host
 
 LANES = 8
 STACK_BYTES = 1 << 20  # the packed panels and accumulator live on a thread's stack
+CACHE_LINE = 64
 # Time to pack one element, in multiply-adds (measured on 1024^3): A is gathered across
 # rows, B copied along them. A packed A element is reused block_n times, a B one block_m.
 PACK_COST_A, PACK_COST_B = 12, 8
@@ -166,7 +167,7 @@ def _check_stack(gemm: _Gemm, threads: int) -> None:
     """The config, clamped to the problem, must fit its buffers on the stack."""
     cfg, (left_in_place, right_in_place) = gemm.cfg, _in_place(gemm)
     a_floats = 0 if left_in_place else cfg.block_m * cfg.block_k
-    b_floats = (cfg.micro_n if right_in_place else cfg.block_n) * cfg.block_k
+    b_floats = (cfg.micro_n if right_in_place else cfg.block_n) * _panel_rows(cfg)
     floats = a_floats + b_floats + cfg.block_m * cfg.block_n
     if 4 * floats > STACK_BYTES:
         raise ScheduleConfigError(f"panels and accumulator of {cfg} need {4 * floats} bytes "
@@ -554,10 +555,14 @@ def _pack_right(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, block: _KBlock,
     column. Whole micro-panels are filled row by row of the block (K outer), so each
     row of B is read along one contiguous stretch, which the hardware prefetcher
     follows (4% of 1024^3 over panel by panel); the ragged last one is filled with
-    bounds checks. With ``ragged_only``, just the ragged panel, into b_pack[0]."""
+    bounds checks. With ``ragged_only``, just the ragged panel, into b_pack[0].
+
+    Panels are a cache line more than block_k rows apart: at exactly block_k rows (a
+    multiple of 4 KiB), filling a row of every panel hit one L1 set block_n / micro_n
+    times over, and a 7x7x512 convolution spent a third of its time in those stores."""
     cfg, nr = gemm.cfg, gemm.cfg.micro_n
     panels = 1 if ragged_only else cfg.block_n // nr
-    b_pack = fb.buffer("b_pack", float32, [panels, cfg.block_k, nr])
+    b_pack = fb.buffer("b_pack", float32, [panels, _panel_rows(cfg), nr])
 
     def fill_row(p, slot, kk, k: dict, checked: bool) -> None:
         for (col,) in repeat(nr).on(0):
@@ -576,6 +581,12 @@ def _pack_right(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, block: _KBlock,
         for kk, k in _k_walk(fb, gemm, block):
             fill_row(last, 0 if ragged_only else last, kk, k, checked=True)
     return b_pack
+
+
+def _panel_rows(cfg: GemmConfig) -> int:
+    """Rows of one packed B micro-panel: block_k, plus at least a cache line (see
+    _pack_right)."""
+    return cfg.block_k + ceil_div(CACHE_LINE, 4 * cfg.micro_n)
 
 
 def _register_tile(fb: FunctionBuilder, cfg: GemmConfig, acc: Buffer, origin: tuple, first,

@@ -507,3 +507,26 @@ def test_accumulate_in_vectorize_loop_is_an_omp_reduction(op, init, reference):
         expected = reference(x.astype(np.float64))
         tol = 1e-6 * np.sqrt(cols) * np.abs(x).sum(axis=1) if op == "sum" else 0
         assert np.all(np.abs(y - expected) <= tol), (cols, y, expected)
+
+
+def test_prefetch_fetches_a_load_address_and_is_a_no_op():
+    """A prefetch prints as the builtin on the load's address (even past the buffer's end,
+    which a prefetch may name), a prefetch of a computed value is dropped, and neither
+    changes results, compiled or interpreted."""
+    from treadle.runtime.interpret import interpret
+    with FunctionBuilder("ahead") as fb:
+        A = fb.param("A", "float32", [8])
+        B = fb.param("B", "float32", [8])
+        for i in fb.range(8):
+            fb.evaluate(call("prefetch", A[i + 64]))
+            fb.evaluate(call("prefetch", A[i] * 2.0))
+            B[i] = A[i] + 1.0
+    text = generate([fb.function])
+    assert "__builtin_prefetch(&A[i + 64]);" in text
+    a = np.arange(8, dtype=np.float32)
+    b = np.zeros(8, np.float32)
+    _compile(fb.function)["ahead"](a, b)
+    np.testing.assert_array_equal(b, a + 1)
+    b2 = np.zeros(8, np.float32)
+    interpret(fb.function, a, b2)
+    np.testing.assert_array_equal(b2, a + 1)

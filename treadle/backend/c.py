@@ -259,6 +259,15 @@ def _reduce(p: _FunctionPrinter, e: Call):
     return p.call(p.helper(e.func, arg.dtype), p.text(arg))
 
 
+def _prefetch(p: _FunctionPrinter, e: Call):
+    """Fetches the cache line of a load's element. Where fusion replaced the load with a
+    computed value there is no single address to fetch, and the hint is dropped."""
+    (arg,) = e.args
+    if not isinstance(arg, Load):
+        return "0", PRIMARY
+    return p.call("__builtin_prefetch", "&" + p.text(arg))
+
+
 # Primitive name -> printer; each printer picks the spelling for the call's dtype.
 CALL_PRINTERS: dict[str, Callable] = {
     **{name: (lambda p, e, base=base: _scalar_float_call(p, e, base))
@@ -268,6 +277,7 @@ CALL_PRINTERS: dict[str, Callable] = {
     "reduce_add": _reduce,
     "reduce_max": _reduce,
     "reduce_min": _reduce,
+    "prefetch": _prefetch,
 }
 
 EXPR_PRINTERS: dict[type, Callable] = {

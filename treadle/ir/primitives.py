@@ -52,6 +52,8 @@ PRIMITIVES = {p.name: p for p in (
     Primitive("reduce_add", 1, lambda v: np.sum(v, dtype=v.dtype), "scalar"),
     Primitive("reduce_max", 1, np.max, "scalar"),
     Primitive("reduce_min", 1, np.min, "scalar"),
+    # A hint that the element a load would read is needed soon; its value is the load's.
+    Primitive("prefetch", 1, lambda x: x),
 )}
 
 FLOAT_ONLY = {"exp", "log", "sqrt", "tanh", "erf", "sin", "cos", "floor", "ceil", "round",

@@ -203,8 +203,13 @@ STMT_EXEC: dict[type, Callable[[Any, Env], None]] = {
     DeclBuffer: _decl_buffer,
     Barrier: _barrier,
     Assert: _assert,
-    Evaluate: lambda s, env: _eval(s.expr, env),
+    Evaluate: lambda s, env: None if _is_prefetch(s.expr) else _eval(s.expr, env),
 }
+
+
+def _is_prefetch(e: Expr) -> bool:
+    """A prefetch is only a hint: its address may lie past the buffer, so it is not read."""
+    return isinstance(e, Call) and e.func == "prefetch"
 
 
 # ---- memory ----------------------------------------------------------------------------

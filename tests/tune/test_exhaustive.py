@@ -66,6 +66,15 @@ def test_picks_the_fastest_and_records_it(cache, small_space, monkeypatch):
     assert clock.calls == 1
 
 
+def test_keeps_the_default_unless_a_point_is_clearly_faster(cache, small_space, monkeypatch):
+    """SPACE[0] is the analytic default: 3% faster is within the noise of one
+    measurement, 10% is not."""
+    FakeClock(monkeypatch, [1e-3, None, 0.97e-3])
+    assert exhaustive.tune_gemm("g", *matmul(k=40), 1) == SPACE[0]
+    FakeClock(monkeypatch, [1e-3, None, 0.9e-3])
+    assert exhaustive.tune_gemm("g", *matmul(k=41), 1) == SPACE[2]
+
+
 def test_level_zero_measures_nothing(cache, monkeypatch):
     clock = FakeClock(monkeypatch, [])
     assert exhaustive.tune_gemm("g", *matmul(), 0) == gemm_space(0, host())[0]

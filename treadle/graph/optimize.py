@@ -3,7 +3,8 @@
 Order: canonical forms first (Gemm becomes MatMul with a constant transposed weight,
 BatchNorm folds into convolution weights), then constant folding computes those new
 constants, then dead-code elimination drops what folding made unused; the channels-last
-layout last, so that it transposes the folded weights.
+layout, so that it transposes the folded weights, and Winograd convolutions, which
+need that layout, last.
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from treadle.graph.passes.canonicalize import canonicalize
 from treadle.graph.passes.channels_last import channels_last
 from treadle.graph.passes.eliminate_dead_code import eliminate_dead_code
 from treadle.graph.passes.fold_constants import fold_constants
+from treadle.graph.passes.winograd import winograd
 
-PIPELINE = (canonicalize, fold_constants, eliminate_dead_code, channels_last)
+PIPELINE = (canonicalize, fold_constants, eliminate_dead_code, channels_last, winograd)
 
 
 def optimize(graph: Graph) -> Graph:

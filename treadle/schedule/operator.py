@@ -1,6 +1,7 @@
 """Which schedule an operator gets: a template when its compute definition matches one
 (GEMM, then sliding window), otherwise the rule-based schedule. Templates recognise
-computes, not operator names. ``tune`` is the tuning level of template configurations
+computes, not operator names, except for operators that only exist as the input format of
+one algorithm (Winograd convolution), which bring their own. ``tune`` is the tuning level of template configurations
 (see ``treadle.tune``): 0 takes the analytic default, 1 and 2 measure a small or the full
 space, or replay a record."""
 from __future__ import annotations
@@ -10,6 +11,7 @@ from treadle.schedule.rules import Kernel, schedule_computes
 from treadle.graph.tensor import normalize_dim
 from treadle.schedule.templates.matmul_cpu import GemmPattern, match_gemm_output, schedule_gemm
 from treadle.schedule.templates.window_cpu import match_window, schedule_window
+from treadle.schedule.templates.winograd_cpu import schedule_winograd
 from treadle.tune.exhaustive import tune_gemm
 
 
@@ -18,7 +20,13 @@ from treadle.tune.exhaustive import tune_gemm
 MIN_GEMM_COLUMNS = 8
 
 
+# Operators that exist as the input of one algorithm bring their template.
+OWN_TEMPLATES = {"WinogradConv": schedule_winograd}
+
+
 def schedule_operator(op: Operator, name: str, tune: int = 0) -> Kernel:
+    if op.op_type in OWN_TEMPLATES:
+        return OWN_TEMPLATES[op.op_type](op, name)
     if len(op.definition) == 1:
         pattern = match_gemm_output(op.definition[0])
         if pattern is not None and _wide_enough(pattern):

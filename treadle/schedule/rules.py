@@ -237,3 +237,19 @@ def _vector_reduce(c: Compute) -> bool:
     extent = c.reduce_extents[-1]
     short = isinstance(extent, Const) and extent.value < MIN_VECTOR_REDUCE
     return c.dtype.is_float and not short
+
+
+def split_epilogue(out: Compute) -> tuple[Compute, Expr] | None:
+    """The one reduction ``out`` is an element-wise map of, and that map over the
+    reduction's axes; ``out`` itself with the identity map if it is the reduction."""
+    if out.is_reduction:
+        return out, out[out.axes]
+    value = Inliner(reachable([out]))(out.value)
+    loads = [n for n in walk(value) if isinstance(n, Load) and producer_of(n.buffer) is not None]
+    reductions = {n.buffer for n in loads}
+    if len(reductions) != 1:
+        return None
+    red = producer_of(reductions.pop())
+    if red.shape != out.shape or any(n.indices != out.axes for n in loads):
+        return None
+    return red, substitute(value, dict(zip(out.axes, red.axes)))

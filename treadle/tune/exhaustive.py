@@ -3,8 +3,10 @@
 Level 0 measures nothing: it is the space's one analytic point. Levels 1 and 2 look up a
 record first; without one, every point is scheduled (points the template rejects with
 ScheduleConfigError are skipped), points that schedule to the same IR are measured once,
-and the fastest is stored. Points that fail to build, crash or hang are logged and left
-out; when every point fails, the analytic default stands.
+and the fastest is stored, unless it beats the analytic default by less than MARGIN: on
+a shared machine two measurements of one kernel differ by more than that, and a point
+that won by noise is often slower in the model. Points that fail to build, crash or hang
+are logged and left out; when every point fails, the analytic default stands.
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from treadle.tune.space import gemm_space
 
 log = logging.getLogger(__name__)
 
+MARGIN = 0.95  # a measured point replaces the analytic default when at least 5% faster
+
 
 def tune_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPattern, level: int,
               target: CpuTarget | None = None) -> GemmConfig:
@@ -42,7 +46,11 @@ def tune_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPattern, 
     if not measured:
         log.warning("tuning %s: every candidate failed; using the analytic default", name)
         return default_gemm_config(name, inputs, pattern, target)
-    best = min(measured, key=lambda item: item[1])[0]
+    best, fastest = min(measured, key=lambda item: item[1])
+    default = default_gemm_config(name, inputs, pattern, target)
+    default_time = next((t for cfg, t in measured if cfg == default), None)
+    if default_time is not None and fastest > MARGIN * default_time:
+        best = default
     store_record(Record(workload, best, tuple(timings)))
     return best
 

@@ -416,11 +416,11 @@ def _accumulate(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, acc: Buffer, slot
                 args = (fb, cfg, acc, slot + (p * mr, q * nr), eq(kb, 0), depth)
                 if right_in_place:
                     with fb.if_(q * nr + nr <= tile.cols):
-                        _register_tile(*args, in_place.reader(fb, p, q))
+                        register_tile(*args, in_place.reader(fb, p, q))
                     with fb.else_():
-                        _register_tile(*args, packed.reader(fb, p, q))
+                        register_tile(*args, packed.reader(fb, p, q))
                 else:
-                    _register_tile(*args, packed.reader(fb, p, q))
+                    register_tile(*args, packed.reader(fb, p, q))
 
 
 @dataclass(frozen=True)
@@ -478,7 +478,7 @@ class _Operands:
     b_panel: int | None  # the one micro-panel b_pack holds, or None for all of them
 
     def reader(self, fb: FunctionBuilder, p, q):
-        """``step(kk)`` -> (a_of(r), b_of(v)) for _register_tile."""
+        """``step(kk)`` -> (a_of(r), b_of(v)) for register_tile."""
         def step(kk):
             in_place = self.a_pack is None or self.b_pack is None
             k = self.gemm.coords(fb, "k", self.k0 + kk) if in_place else {}
@@ -610,8 +610,8 @@ def _panel_rows(cfg: GemmConfig) -> int:
     return cfg.block_k + ceil_div(CACHE_LINE, 4 * cfg.micro_n)
 
 
-def _register_tile(fb: FunctionBuilder, cfg: GemmConfig, acc: Buffer, origin: tuple, first,
-                   depth, step) -> None:
+def register_tile(fb: FunctionBuilder, cfg: GemmConfig, acc: Buffer, origin: tuple, first,
+                  depth, step) -> None:
     """acc[origin + (r, c)] (+)= the sum over kk < depth of a(r) * b(c), in a fully unrolled
     micro_m x micro_n tile of vector registers; ``step(kk)`` gives the operand readers
     ``a_of(r)`` (a scalar) and ``b_of(v)`` (the v-th vector of the row of B)."""

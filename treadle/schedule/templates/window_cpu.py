@@ -29,7 +29,7 @@ from treadle.ir.interval import Interval
 from treadle.ir.mapping import unravel
 from treadle.ir.simplify import simplify_expr
 from treadle.ir.stmt import Assert, DeclBuffer, For, Function, Let, Seq, Stmt, Store
-from treadle.schedule.rules import Inliner, Kernel, canonical_kernel, reachable
+from treadle.schedule.rules import Inliner, Kernel, canonical_kernel, reachable, split_epilogue
 
 MAX_WINDOW = 64  # window points; larger reductions are left to GEMM or the rule-based loops
 MAX_ROW_BYTES = 1 << 14  # the row of accumulators, on each thread's stack
@@ -47,7 +47,7 @@ class WindowPattern:
 
 
 def match_window(out: Compute) -> WindowPattern | None:
-    split = _split_epilogue(out)
+    split = split_epilogue(out)
     if split is None:
         return None
     red, epilogue = split
@@ -63,22 +63,6 @@ def match_window(out: Compute) -> WindowPattern | None:
             or red.axes[-1] not in free_vars(window)):
         return None
     return WindowPattern(red, window, out.buffer, epilogue)
-
-
-def _split_epilogue(out: Compute) -> tuple[Compute, Expr] | None:
-    """The one reduction ``out`` is an element-wise map of, and that map over the
-    reduction's axes; ``out`` itself with the identity map if it is the reduction."""
-    if out.is_reduction:
-        return out, out[out.axes]
-    value = Inliner(reachable([out]))(out.value)
-    loads = [n for n in walk(value) if isinstance(n, Load) and producer_of(n.buffer) is not None]
-    reductions = {n.buffer for n in loads}
-    if len(reductions) != 1:
-        return None
-    red = producer_of(reductions.pop())
-    if red.shape != out.shape or any(n.indices != out.axes for n in loads):
-        return None
-    return red, substitute(value, dict(zip(out.axes, red.axes)))
 
 
 def schedule_window(name: str, inputs: Sequence[Buffer | None], pattern: WindowPattern,

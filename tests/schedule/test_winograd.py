@@ -1,0 +1,94 @@
+"""Winograd F(2x2, 3x3): the filter transform, the pass that chooses it, and the template's
+kernels against ONNX Runtime and a float64 numpy convolution, over odd, even and prime
+sizes (odd output sizes leave partial tiles)."""
+import numpy as np
+import pytest
+from onnx import helper
+
+from tests.frontend.onnx_models import make_model, run_onnxruntime, tensor
+from tests.harness import assert_close, random_array
+from treadle.compiler import compile_graph
+from treadle.frontend.onnx import from_onnx
+from treadle.graph.graph import Graph
+from treadle.graph.operator import apply
+from treadle.graph.ops.winograd import AT, BT, G, transform_weights
+from treadle.graph.optimize import optimize
+from treadle.graph.tensor import Tensor, constant
+
+
+def conv_nhwc(x, w):
+    """Float64 reference: x [N, H, W, C], w [3, 3, C, K], no padding."""
+    n, h, width, _ = x.shape
+    out = np.zeros((n, h - 2, width - 2, w.shape[3]))
+    for i in range(3):
+        for j in range(3):
+            out += np.einsum("nhwc,ck->nhwk", x[:, i:i + h - 2, j:j + width - 2].astype(np.float64),
+                             w[i, j].astype(np.float64))
+    return out
+
+
+def test_transform_tables_compute_a_2x2_correlation():
+    d, g = random_array((4, 4), seed=1).astype(np.float64), random_array((3, 3), seed=2)
+    y = AT @ ((G @ g @ G.T) * (BT @ d @ BT.T)) @ AT.T
+    expected = [[(d[a:a + 3, b:b + 3] * g).sum() for b in range(2)] for a in range(2)]
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_transform_rejects_filters_it_cannot_hold():
+    with pytest.raises(ValueError, match="multiple of 16"):
+        transform_weights(np.zeros((3, 3, 4, 24), np.float32))
+
+
+@pytest.mark.parametrize("batch,height,width,channels,filters", [
+    (1, 10, 10, 16, 16),     # whole tiles
+    (1, 13, 11, 7, 32),      # odd output sizes: partial tiles in both directions
+    (2, 9, 16, 5, 16),       # a batch, odd channel count
+    (1, 19, 19, 40, 48),     # prime-sized output, more tiles than one block
+])
+def test_kernel_matches_direct_convolution(batch, height, width, channels, filters):
+    x = Tensor("x", "float32", (batch, height, width, channels))
+    w = random_array((3, 3, channels, filters), seed=channels)
+    bias = random_array((filters,), seed=3)
+    u = constant(transform_weights(w), "u")
+    y = apply("WinogradConv", [x, u, constant(bias, "bias")], {}, "wino")[0]
+    y = apply("Relu", [y], {}, "relu")[0]
+    xs = random_array(x.shape, seed=height)
+    actual = compile_graph(Graph.from_outputs([x], [y]), optimize_graph=False)(xs)[0]
+    expected = np.maximum(conv_nhwc(xs, w) + bias, 0).astype(np.float32)
+    assert_close(actual, expected, reduction=9 * channels)
+
+
+def conv_model(side, channels, filters, stride=1, batch="n"):
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1],
+                              strides=[stride, stride]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Add", ["r", "x"] if stride == 1 and channels == filters
+                              else ["r", "r"], ["y"], name="residual")]
+    out = -(-side // stride)
+    return make_model(nodes, [tensor("x", [batch, channels, side, side])],
+                      [tensor("y", [batch, filters, out, out])],
+                      {"w": random_array((filters, channels, 3, 3), seed=side),
+                       "b": random_array((filters,), seed=1)})
+
+
+@pytest.mark.parametrize("batch,side,channels,filters", [(1, 16, 16, 16), (2, 11, 24, 32),
+                                                        (1, 17, 32, 32)])
+def test_model_convolution_runs_winograd_and_matches_onnxruntime(batch, side, channels, filters):
+    model = conv_model(side, channels, filters, batch=batch)
+    graph = optimize(from_onnx(model))
+    assert "WinogradConv" in [n.op_type for n in graph.nodes]
+    x = random_array((batch, channels, side, side), seed=batch)
+    assert_close(compile_graph(from_onnx(model))(x)[0], run_onnxruntime(model, {"x": x})[0],
+                 reduction=9 * channels)
+
+
+@pytest.mark.parametrize("side,channels,filters,stride,batch", [
+    (32, 16, 24, 1, 1),    # output channels not a multiple of 16
+    (32, 16, 16, 2, 1),    # strided
+    (6, 16, 16, 1, 1),     # too few tiles to pay off
+    (32, 16, 16, 1, "n"),  # a symbolic batch: the template needs static sizes
+])
+def test_other_convolutions_stay_direct(side, channels, filters, stride, batch):
+    graph = optimize(from_onnx(conv_model(side, channels, filters, stride, batch)))
+    types = [n.op_type for n in graph.nodes]
+    assert "WinogradConv" not in types and "ChannelsLastConv" in types

@@ -1,0 +1,165 @@
+"""The CPU template of ``WinogradConv`` (F(2x2, 3x3), see ``graph.ops.winograd``).
+
+Work items are (block of output tiles, chunk of output channels) pairs, spread over the
+threads. For its block an item
+
+1. transforms the input tiles, ``v[e, t, c]`` for the 16 transform positions e, with the
+   BT tables unrolled into additions (zero coefficients vanish), along contiguous
+   channels so the C compiler vectorises it;
+2. runs 16 small matrix products ``m[e] = v[e] @ U[e]`` over the chunk's output channels
+   with the matmul template's register tiles, reading v in place and U, which is stored
+   in the tiles' panel order, directly;
+3. transforms each tile's 16 products back into its 2x2 outputs (AT unrolled) and stores
+   them through the operator's epilogue (the bias, and whatever fusion adds).
+
+An item recomputes its block's input transform for every channel chunk, which costs a
+small fraction of the products; both buffers live on the thread's stack.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from treadle.graph.operator import Operator
+from treadle.graph.ops.winograd import AT, BT, PANEL, POSITIONS, TILE, WINDOW
+from treadle.ir.builder import FunctionBuilder
+from treadle.ir.dtypes import float32
+from treadle.ir.expr import Buffer, Const, Expr, Load, as_expr, logical_and, minimum, select
+from treadle.ir.functor import rewrite, substitute, walk
+from treadle.ir.mapping import unravel
+from treadle.schedule.rules import Kernel, canonical_kernel, split_epilogue
+from treadle.schedule.templates.matmul_cpu import LANES, GemmConfig, register_tile
+
+ROWS = 6                    # register tile: output tiles x one panel of output channels
+MAX_TILES_PER_BLOCK = 60
+V_BYTES = 1 << 18           # the transformed input tiles of a block
+CHUNKS = (64, 48, 32, 16)   # output channels per work item, the largest dividing K
+
+
+def schedule_winograd(op: Operator, name: str) -> Kernel:
+    out = op.definition[0]
+    red, epilogue = split_epilogue(out)
+    x, u = op.input_buffers[0], op.input_buffers[1]
+    batch, height, width, channels = (_int(d) for d in x.shape)
+    filters = _int(red.shape[-1])
+    out_h, out_w = height - 2, width - 2
+    grid = [batch, math.ceil(out_h / TILE), math.ceil(out_w / TILE)]
+    tiles = math.prod(grid)
+    per_block = min(MAX_TILES_PER_BLOCK, math.ceil(tiles / ROWS) * ROWS,
+                    max(1, V_BYTES // (4 * POSITIONS * channels * ROWS)) * ROWS)
+    chunk = next(c for c in CHUNKS if filters % c == 0)
+    blocks, chunks = math.ceil(tiles / per_block), filters // chunk
+    with FunctionBuilder(name) as fb:
+        used = {n.buffer for n in walk(epilogue) if isinstance(n, Load)} | {x, u}
+        for buffer in op.input_buffers:
+            if buffer is not None and buffer in used:
+                fb.add_param(buffer)
+        fb.add_param(out.buffer)
+        for item in fb.range(blocks * chunks, kind="parallel", name="item"):
+            first = fb.let("first", item // chunks * per_block)
+            k0 = fb.let("k0", item % chunks * chunk)
+            v = fb.buffer("v", float32, [POSITIONS, per_block, channels])
+            m = fb.buffer("m", float32, [POSITIONS, per_block, chunk])
+            _input_transform(fb, x, v, first, grid, (height, width), channels)
+            _products(fb, u, v, m, k0, per_block, chunk, channels)
+            _output_transform(fb, m, first, grid, (out_h, out_w), chunk, k0,
+                              (red, epilogue, out.buffer))
+    return canonical_kernel(fb.function, op.input_buffers, 1)
+
+
+def _int(d) -> int:
+    return d if isinstance(d, int) else d.value
+
+
+def _input_transform(fb: FunctionBuilder, x: Buffer, v: Buffer, first, grid, size,
+                     channels: int) -> None:
+    """v[e, t, c] = (BT d BT^T)[e] for the 4x4 input tile d of block tile t. Tiles past the
+    last repeat it (their products are never stored); positions past the input's edge,
+    on an odd output size, read as zero."""
+    tiles = math.prod(grid)
+    for t in fb.range(v.shape[1], name="t"):
+        n, ty, tx = (fb.let(a, e) for a, e in
+                     zip(("n", "ty", "tx"), unravel(minimum(first + t, tiles - 1), grid)))
+        for c in fb.range(channels, name="c"):
+            d = [[_tile_input(x, size, n, ty * TILE + i, tx * TILE + j, c) for j in range(WINDOW)]
+                 for i in range(WINDOW)]
+            rows = [[fb.let("r", _combine(BT[a], [d[i][j] for i in range(WINDOW)]))
+                     for j in range(WINDOW)] for a in range(WINDOW)]
+            for a in range(WINDOW):
+                for b in range(WINDOW):
+                    v[a * WINDOW + b, t, c] = _combine(BT[b], rows[a])
+
+
+def _tile_input(x: Buffer, size, n, row, col, c) -> Expr:
+    """x[n, row, col, c], zero past an edge that the tiles overhang (odd output sizes)."""
+    conds, index = [], [n, row, col, c]
+    for axis, (coord, extent) in enumerate(zip((row, col), size)):
+        if (extent - 2) % TILE:
+            conds.append(coord < extent)
+            index[1 + axis] = minimum(coord, as_expr(extent - 1))
+    value = x[tuple(index)]
+    return select(logical_and(*conds), value, Const(0.0, float32)) if conds else value
+
+
+def _combine(coefficients: np.ndarray, terms: Sequence[Expr]) -> Expr:
+    """sum of coefficient * term, with the 0 and +-1 coefficients written as such."""
+    total: Expr | None = None
+    for k, term in zip(coefficients, terms):
+        if k == 0:
+            continue
+        scaled = term if abs(k) == 1 else term * Const(float(abs(k)), float32)
+        if total is None:
+            total = scaled if k > 0 else -scaled
+        else:
+            total = total + scaled if k > 0 else total - scaled
+    return total if total is not None else Const(0.0, float32)
+
+
+def _products(fb: FunctionBuilder, u: Buffer, v: Buffer, m: Buffer, k0, per_block: int,
+              chunk: int, channels: int) -> None:
+    """m[e, t, j] = sum over c of v[e, t, c] * U[e, c, k0 + j], in register tiles."""
+    cfg = GemmConfig(micro_m=ROWS, micro_n=PANEL)
+    for e in fb.range(POSITIONS, name="e"):
+        for q in fb.range(chunk // PANEL, name="q"):
+            panel = fb.let("panel", k0 // PANEL + q)
+            for p in fb.range(per_block // ROWS, name="p"):
+                def step(kk, e=e, p=p, panel=panel):
+                    return (lambda r: v[e, p * ROWS + r, kk],
+                            lambda w: u.vload((e, panel, kk, w * LANES), LANES))
+                register_tile(fb, cfg, m, (e, p * ROWS, q * PANEL), as_expr(True), channels,
+                              step)
+
+
+def _output_transform(fb: FunctionBuilder, m: Buffer, first, grid, out_size, chunk: int, k0,
+                      output) -> None:
+    """Each tile's 2x2 outputs (AT M AT^T) through the epilogue, inside the output."""
+    tiles = math.prod(grid)
+    for t in fb.range(m.shape[1], name="t"):
+        with fb.if_(first + t < tiles):
+            n, ty, tx = (fb.let(a, e) for a, e in
+                         zip(("n", "ty", "tx"), unravel(first + t, grid)))
+            for j in fb.range(chunk, name="j"):
+                prods = [[m[a * WINDOW + b, t, j] for b in range(WINDOW)] for a in range(WINDOW)]
+                rows = [[fb.let("s", _combine(AT[a], [prods[i][b] for i in range(WINDOW)]))
+                         for b in range(WINDOW)] for a in range(TILE)]
+                for a in range(TILE):
+                    for b in range(TILE):
+                        value = _combine(AT[b], rows[a])
+                        _store(fb, output, out_size,
+                               (n, ty * TILE + a, tx * TILE + b, k0 + j), value)
+
+
+def _store(fb: FunctionBuilder, output, out_size, index, value: Expr) -> None:
+    red, epilogue, out = output
+    y, x = index[1], index[2]
+    conds = [coord < extent for coord, extent in zip((y, x), out_size) if extent % TILE]
+    result = rewrite(substitute(epilogue, dict(zip(red.axes, index))),
+                     lambda node: value if isinstance(node, Load)
+                     and node.buffer == red.buffer else None)
+    if conds:
+        with fb.if_(logical_and(*conds)):
+            fb.store(out, index, result)
+    else:
+        fb.store(out, index, result)

@@ -1,6 +1,6 @@
-"""Winograd F(2x2, 3x3): the filter transform, the pass that chooses it, and the template's
-kernels against ONNX Runtime and a float64 numpy convolution, over odd, even and prime
-sizes (odd output sizes leave partial tiles)."""
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3): the transforms, the pass that chooses them, and
+the template's kernels against ONNX Runtime and a float64 numpy convolution, over odd, even
+and prime sizes (sizes that are not a multiple of the tile leave partial tiles)."""
 import numpy as np
 import pytest
 from onnx import helper
@@ -11,7 +11,7 @@ from treadle.compiler import compile_graph
 from treadle.frontend.onnx import from_onnx
 from treadle.graph.graph import Graph
 from treadle.graph.operator import apply
-from treadle.graph.ops.winograd import AT, BT, G, transform_weights
+from treadle.graph.ops.winograd import TRANSFORMS, transform_weights
 from treadle.graph.optimize import optimize
 from treadle.graph.tensor import Tensor, constant
 
@@ -27,35 +27,41 @@ def conv_nhwc(x, w):
     return out
 
 
-def test_transform_tables_compute_a_2x2_correlation():
-    d, g = random_array((4, 4), seed=1).astype(np.float64), random_array((3, 3), seed=2)
-    y = AT @ ((G @ g @ G.T) * (BT @ d @ BT.T)) @ AT.T
-    expected = [[(d[a:a + 3, b:b + 3] * g).sum() for b in range(2)] for a in range(2)]
+@pytest.mark.parametrize("tile", sorted(TRANSFORMS))
+def test_transform_tables_compute_a_correlation(tile):
+    f = TRANSFORMS[tile]
+    d = random_array((f.window, f.window), seed=1).astype(np.float64)
+    g = random_array((3, 3), seed=2).astype(np.float64)
+    y = f.at @ ((f.g @ g @ f.g.T) * (f.bt @ d @ f.bt.T)) @ f.at.T
+    expected = [[(d[a:a + 3, b:b + 3] * g).sum() for b in range(tile)] for a in range(tile)]
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
 
 
 def test_transform_rejects_filters_it_cannot_hold():
     with pytest.raises(ValueError, match="multiple of 16"):
-        transform_weights(np.zeros((3, 3, 4, 24), np.float32))
+        transform_weights(np.zeros((3, 3, 4, 24), np.float32), 2)
 
 
+@pytest.mark.parametrize("tile", sorted(TRANSFORMS))
 @pytest.mark.parametrize("batch,height,width,channels,filters", [
-    (1, 10, 10, 16, 16),     # whole tiles
+    (1, 10, 10, 16, 16),     # whole tiles of 2
     (1, 13, 11, 7, 32),      # odd output sizes: partial tiles in both directions
     (2, 9, 16, 5, 16),       # a batch, odd channel count
     (1, 19, 19, 40, 48),     # prime-sized output, more tiles than one block
+    (1, 18, 14, 64, 16),     # whole tiles of 4
 ])
-def test_kernel_matches_direct_convolution(batch, height, width, channels, filters):
+def test_kernel_matches_direct_convolution(tile, batch, height, width, channels, filters):
     x = Tensor("x", "float32", (batch, height, width, channels))
     w = random_array((3, 3, channels, filters), seed=channels)
     bias = random_array((filters,), seed=3)
-    u = constant(transform_weights(w), "u")
-    y = apply("WinogradConv", [x, u, constant(bias, "bias")], {}, "wino")[0]
+    u = constant(transform_weights(w, tile), "u")
+    y = apply("WinogradConv", [x, u, constant(bias, "bias")], {"tile": tile}, "wino")[0]
     y = apply("Relu", [y], {}, "relu")[0]
     xs = random_array(x.shape, seed=height)
     actual = compile_graph(Graph.from_outputs([x], [y]), optimize_graph=False)(xs)[0]
     expected = np.maximum(conv_nhwc(xs, w) + bias, 0).astype(np.float32)
-    assert_close(actual, expected, reduction=9 * channels)
+    # F(4x4, 3x3) rounds more: its transforms scale values by up to 8 and back.
+    assert_close(actual, expected, reduction=9 * channels * (1 if tile == 2 else 16))
 
 
 def conv_model(side, channels, filters, stride=1, batch="n"):
@@ -71,15 +77,17 @@ def conv_model(side, channels, filters, stride=1, batch="n"):
                        "b": random_array((filters,), seed=1)})
 
 
-@pytest.mark.parametrize("batch,side,channels,filters", [(1, 16, 16, 16), (2, 11, 24, 32),
-                                                        (1, 17, 32, 32)])
-def test_model_convolution_runs_winograd_and_matches_onnxruntime(batch, side, channels, filters):
+@pytest.mark.parametrize("batch,side,channels,filters,tile", [
+    (1, 16, 16, 16, 2), (2, 11, 24, 32, 2), (1, 17, 32, 32, 2), (1, 29, 64, 64, 4)])
+def test_model_convolution_runs_winograd_and_matches_onnxruntime(batch, side, channels,
+                                                                 filters, tile):
     model = conv_model(side, channels, filters, batch=batch)
     graph = optimize(from_onnx(model))
-    assert "WinogradConv" in [n.op_type for n in graph.nodes]
+    chosen = [n.attrs["tile"] for n in graph.nodes if n.op_type == "WinogradConv"]
+    assert chosen == [tile]
     x = random_array((batch, channels, side, side), seed=batch)
     assert_close(compile_graph(from_onnx(model))(x)[0], run_onnxruntime(model, {"x": x})[0],
-                 reduction=9 * channels)
+                 reduction=9 * channels * tile * tile)
 
 
 @pytest.mark.parametrize("side,channels,filters,stride,batch", [

@@ -1,5 +1,6 @@
-"""3x3 stride-1 convolutions as Winograd F(2x2, 3x3) (``ops.winograd``): 2.25x fewer
-multiply-adds, for the channels-last convolutions where the transforms pay off.
+"""3x3 stride-1 convolutions as Winograd F(m x m, 3x3) (``ops.winograd``): 4x (m = 4) or
+2.25x (m = 2) fewer multiply-adds, for the channels-last convolutions where the transforms
+pay off.
 
 It runs after ``channels_last`` (which leaves dense convolutions channels-last, their
 padding split off into a Pad) and transforms each qualifying constant filter once, here.
@@ -7,7 +8,11 @@ A convolution qualifies with float32 data, a static shape, a 3x3 filter over at 
 MAX_CHANNELS input channels and a multiple of PANEL output channels, stride and dilation
 1, one group, no padding of its own, and at least MIN_TILES output tiles: with fewer, the
 per-transform-position products are too small to run the register tiles well (ResNet-50's
-7x7 layers: 16 tiles, 0.6x the direct convolution; its 14x14 ones, 49 tiles, gain 1.5x).
+7x7 layers: 16 tiles of 2x2, 0.6x the direct convolution; its 14x14 ones, 49 tiles, gain
+1.5x). The larger tile needs MIN_TILES tiles of its own and at least LARGE_TILE_CHANNELS
+input channels, below which its larger transforms outweigh the products saved (measured
+on ResNet-50 and Inception-V3 layers: 4x4 tiles 2.5-2.8x the direct convolution on
+56x56x64 and 28x28x128, 2x2 tiles 2.0x; on 35x35x48 and 147x147x32 2x2 tiles win).
 """
 from __future__ import annotations
 
@@ -16,12 +21,13 @@ from typing import Optional, Sequence
 
 from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator, apply
-from treadle.graph.ops.winograd import PANEL, TILE, transform_weights
+from treadle.graph.ops.winograd import PANEL, transform_weights
 from treadle.graph.rewrite import rewrite_graph
 from treadle.graph.tensor import Tensor, constant
 from treadle.ir.dtypes import float32
 
 MIN_TILES = 32
+LARGE_TILE_CHANNELS = 64
 # The template keeps a block of transformed input tiles, all channels, on a thread's stack.
 MAX_CHANNELS = 256
 
@@ -31,25 +37,34 @@ def winograd(graph: Graph) -> Graph:
 
 
 def _rule(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
-    if node.op_type != "ChannelsLastConv" or not _qualifies(node, inputs):
+    if node.op_type != "ChannelsLastConv":
+        return None
+    tile = _tile(node, inputs)
+    if tile is None:
         return None
     weight = inputs[1]
-    u = constant(transform_weights(weight.data), f"{weight.name}/winograd", float32)
-    return [apply("WinogradConv", [inputs[0], u, *inputs[2:]], {}, node.name)[0]]
+    u = constant(transform_weights(weight.data, tile), f"{weight.name}/winograd{tile}", float32)
+    return [apply("WinogradConv", [inputs[0], u, *inputs[2:]], {"tile": tile}, node.name)[0]]
 
 
-def _qualifies(node: Operator, inputs: list) -> bool:
+def _tile(node: Operator, inputs: list) -> Optional[int]:
+    """The output tile side to use, 4 or 2, or None to keep the direct convolution."""
     x, weight = inputs[0], inputs[1]
     if (x.dtype != float32 or x.rank != 4 or not x.is_static or weight is None
             or not weight.is_constant or weight.dtype != float32):
-        return False
+        return None
     kh, kw, channels, filters = weight.shape
     attrs = node.attrs
     plain = (all(int(v) == 1 for v in attrs.get("strides", [1, 1]))
              and all(int(v) == 1 for v in attrs.get("dilations", [1, 1]))
              and int(attrs.get("group", 1)) == 1 and not any(attrs.get("pads", [0] * 4))
              and attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET"))
+    if not (plain and (kh, kw) == (3, 3) and filters % PANEL == 0 and channels <= MAX_CHANNELS):
+        return None
     batch, height, width, _ = x.shape
-    tiles = batch * math.ceil((height - 2) / TILE) * math.ceil((width - 2) / TILE)
-    return (plain and (kh, kw) == (3, 3) and filters % PANEL == 0
-            and channels <= MAX_CHANNELS and tiles >= MIN_TILES)
+
+    def tiles(side: int) -> int:
+        return batch * math.ceil((height - 2) / side) * math.ceil((width - 2) / side)
+    if tiles(4) >= MIN_TILES and channels >= LARGE_TILE_CHANNELS:
+        return 4
+    return 2 if tiles(2) >= MIN_TILES else None

@@ -1,15 +1,15 @@
-"""The CPU template of ``WinogradConv`` (F(2x2, 3x3), see ``graph.ops.winograd``).
+"""The CPU template of ``WinogradConv`` (F(m x m, 3x3), see ``graph.ops.winograd``).
 
 Work items are (block of output tiles, chunk of output channels) pairs, spread over the
 threads. For its block an item
 
-1. transforms the input tiles, ``v[e, t, c]`` for the 16 transform positions e, with the
-   BT tables unrolled into additions (zero coefficients vanish), along contiguous
-   channels so the C compiler vectorises it;
-2. runs 16 small matrix products ``m[e] = v[e] @ U[e]`` over the chunk's output channels
-   with the matmul template's register tiles, reading v in place and U, which is stored
-   in the tiles' panel order, directly;
-3. transforms each tile's 16 products back into its 2x2 outputs (AT unrolled) and stores
+1. transforms the input tiles, ``v[e, t, c]`` for every transform position e, with the
+   BT table unrolled into multiply-adds (zero coefficients vanish, +-1 ones are
+   additions), along contiguous channels so the C compiler vectorises it;
+2. runs one small matrix product ``m[e] = v[e] @ U[e]`` per position over the chunk's
+   output channels with the matmul template's register tiles, reading v in place and U,
+   which is stored in the tiles' panel order, directly;
+3. transforms each tile's products back into its m x m outputs (AT unrolled) and stores
    them through the operator's epilogue (the bias, and whatever fusion adds).
 
 An item recomputes its block's input transform for every channel chunk, which costs a
@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from treadle.graph.operator import Operator
-from treadle.graph.ops.winograd import AT, BT, PANEL, POSITIONS, TILE, WINDOW
+from treadle.graph.ops.winograd import PANEL, TRANSFORMS, Transform
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Const, Expr, Load, as_expr, logical_and, minimum, select
@@ -39,16 +39,17 @@ CHUNKS = (64, 48, 32, 16)   # output channels per work item, the largest dividin
 
 
 def schedule_winograd(op: Operator, name: str) -> Kernel:
+    f = TRANSFORMS[int(op.attrs.get("tile", 2))]
     out = op.definition[0]
     red, epilogue = split_epilogue(out)
     x, u = op.input_buffers[0], op.input_buffers[1]
     batch, height, width, channels = (_int(d) for d in x.shape)
     filters = _int(red.shape[-1])
-    out_h, out_w = height - 2, width - 2
-    grid = [batch, math.ceil(out_h / TILE), math.ceil(out_w / TILE)]
+    out_size = (height - 2, width - 2)
+    grid = [batch, *(math.ceil(s / f.tile) for s in out_size)]
     tiles = math.prod(grid)
     per_block = min(MAX_TILES_PER_BLOCK, math.ceil(tiles / ROWS) * ROWS,
-                    max(1, V_BYTES // (4 * POSITIONS * channels * ROWS)) * ROWS)
+                    max(1, V_BYTES // (4 * f.positions * channels * ROWS)) * ROWS)
     chunk = next(c for c in CHUNKS if filters % c == 0)
     blocks, chunks = math.ceil(tiles / per_block), filters // chunk
     with FunctionBuilder(name) as fb:
@@ -60,12 +61,11 @@ def schedule_winograd(op: Operator, name: str) -> Kernel:
         for item in fb.range(blocks * chunks, kind="parallel", name="item"):
             first = fb.let("first", item // chunks * per_block)
             k0 = fb.let("k0", item % chunks * chunk)
-            v = fb.buffer("v", float32, [POSITIONS, per_block, channels])
-            m = fb.buffer("m", float32, [POSITIONS, per_block, chunk])
-            _input_transform(fb, x, v, first, grid, (height, width), channels)
-            _products(fb, u, v, m, k0, per_block, chunk, channels)
-            _output_transform(fb, m, first, grid, (out_h, out_w), chunk, k0,
-                              (red, epilogue, out.buffer))
+            v = fb.buffer("v", float32, [f.positions, per_block, channels])
+            m = fb.buffer("m", float32, [f.positions, per_block, chunk])
+            _input_transform(fb, f, x, v, first, grid, channels)
+            _products(fb, f, u, v, m, k0, channels)
+            _output_transform(fb, f, m, first, grid, out_size, k0, (red, epilogue, out.buffer))
     return canonical_kernel(fb.function, op.input_buffers, 1)
 
 
@@ -73,32 +73,34 @@ def _int(d) -> int:
     return d if isinstance(d, int) else d.value
 
 
-def _input_transform(fb: FunctionBuilder, x: Buffer, v: Buffer, first, grid, size,
+def _input_transform(fb: FunctionBuilder, f: Transform, x: Buffer, v: Buffer, first, grid,
                      channels: int) -> None:
-    """v[e, t, c] = (BT d BT^T)[e] for the 4x4 input tile d of block tile t. Tiles past the
+    """v[e, t, c] = (BT d BT^T)[e] for the input tile d of block tile t. Tiles past the
     last repeat it (their products are never stored); positions past the input's edge,
-    on an odd output size, read as zero."""
-    tiles = math.prod(grid)
+    where the output size is not a multiple of the tile, read as zero."""
+    tiles, size = math.prod(grid), x.shape[1:3]
+    span = range(f.window)
     for t in fb.range(v.shape[1], name="t"):
         n, ty, tx = (fb.let(a, e) for a, e in
                      zip(("n", "ty", "tx"), unravel(minimum(first + t, tiles - 1), grid)))
         for c in fb.range(channels, name="c"):
-            d = [[_tile_input(x, size, n, ty * TILE + i, tx * TILE + j, c) for j in range(WINDOW)]
-                 for i in range(WINDOW)]
-            rows = [[fb.let("r", _combine(BT[a], [d[i][j] for i in range(WINDOW)]))
-                     for j in range(WINDOW)] for a in range(WINDOW)]
-            for a in range(WINDOW):
-                for b in range(WINDOW):
-                    v[a * WINDOW + b, t, c] = _combine(BT[b], rows[a])
+            d = [[_tile_input(f, x, size, (n, ty * f.tile + i, tx * f.tile + j, c))
+                  for j in span] for i in span]
+            rows = [[fb.let("r", _combine(f.bt[a], [d[i][j] for i in span])) for j in span]
+                    for a in span]
+            for a in span:
+                for b in span:
+                    v[a * f.window + b, t, c] = _combine(f.bt[b], rows[a])
 
 
-def _tile_input(x: Buffer, size, n, row, col, c) -> Expr:
-    """x[n, row, col, c], zero past an edge that the tiles overhang (odd output sizes)."""
-    conds, index = [], [n, row, col, c]
-    for axis, (coord, extent) in enumerate(zip((row, col), size)):
-        if (extent - 2) % TILE:
-            conds.append(coord < extent)
-            index[1 + axis] = minimum(coord, as_expr(extent - 1))
+def _tile_input(f: Transform, x: Buffer, size, index) -> Expr:
+    """x at (n, row, col, c), zero past an edge that the tiles overhang."""
+    conds, index = [], list(index)
+    for axis, extent in enumerate(size, start=1):
+        extent = _int(extent)
+        if (extent - 2) % f.tile:
+            conds.append(index[axis] < extent)
+            index[axis] = minimum(index[axis], as_expr(extent - 1))
     value = x[tuple(index)]
     return select(logical_and(*conds), value, Const(0.0, float32)) if conds else value
 
@@ -117,11 +119,12 @@ def _combine(coefficients: np.ndarray, terms: Sequence[Expr]) -> Expr:
     return total if total is not None else Const(0.0, float32)
 
 
-def _products(fb: FunctionBuilder, u: Buffer, v: Buffer, m: Buffer, k0, per_block: int,
-              chunk: int, channels: int) -> None:
+def _products(fb: FunctionBuilder, f: Transform, u: Buffer, v: Buffer, m: Buffer, k0,
+              channels: int) -> None:
     """m[e, t, j] = sum over c of v[e, t, c] * U[e, c, k0 + j], in register tiles."""
     cfg = GemmConfig(micro_m=ROWS, micro_n=PANEL)
-    for e in fb.range(POSITIONS, name="e"):
+    per_block, chunk = m.shape[1], m.shape[2]
+    for e in fb.range(f.positions, name="e"):
         for q in fb.range(chunk // PANEL, name="q"):
             panel = fb.let("panel", k0 // PANEL + q)
             for p in fb.range(per_block // ROWS, name="p"):
@@ -132,29 +135,27 @@ def _products(fb: FunctionBuilder, u: Buffer, v: Buffer, m: Buffer, k0, per_bloc
                               step)
 
 
-def _output_transform(fb: FunctionBuilder, m: Buffer, first, grid, out_size, chunk: int, k0,
-                      output) -> None:
-    """Each tile's 2x2 outputs (AT M AT^T) through the epilogue, inside the output."""
-    tiles = math.prod(grid)
+def _output_transform(fb: FunctionBuilder, f: Transform, m: Buffer, first, grid, out_size,
+                      k0, output) -> None:
+    """Each tile's outputs (AT M AT^T) through the epilogue, inside the output."""
+    tiles, span = math.prod(grid), range(f.window)
     for t in fb.range(m.shape[1], name="t"):
         with fb.if_(first + t < tiles):
             n, ty, tx = (fb.let(a, e) for a, e in
                          zip(("n", "ty", "tx"), unravel(first + t, grid)))
-            for j in fb.range(chunk, name="j"):
-                prods = [[m[a * WINDOW + b, t, j] for b in range(WINDOW)] for a in range(WINDOW)]
-                rows = [[fb.let("s", _combine(AT[a], [prods[i][b] for i in range(WINDOW)]))
-                         for b in range(WINDOW)] for a in range(TILE)]
-                for a in range(TILE):
-                    for b in range(TILE):
-                        value = _combine(AT[b], rows[a])
-                        _store(fb, output, out_size,
-                               (n, ty * TILE + a, tx * TILE + b, k0 + j), value)
+            for j in fb.range(m.shape[2], name="j"):
+                prods = [[m[a * f.window + b, t, j] for b in span] for a in span]
+                rows = [[fb.let("s", _combine(f.at[a], [prods[i][b] for i in span]))
+                         for b in span] for a in range(f.tile)]
+                for a in range(f.tile):
+                    for b in range(f.tile):
+                        index = (n, ty * f.tile + a, tx * f.tile + b, k0 + j)
+                        _store(fb, f, output, out_size, index, _combine(f.at[b], rows[a]))
 
 
-def _store(fb: FunctionBuilder, output, out_size, index, value: Expr) -> None:
+def _store(fb: FunctionBuilder, f: Transform, output, out_size, index, value: Expr) -> None:
     red, epilogue, out = output
-    y, x = index[1], index[2]
-    conds = [coord < extent for coord, extent in zip((y, x), out_size) if extent % TILE]
+    conds = [coord < extent for coord, extent in zip(index[1:3], out_size) if extent % f.tile]
     result = rewrite(substitute(epilogue, dict(zip(red.axes, index))),
                      lambda node: value if isinstance(node, Load)
                      and node.buffer == red.buffer else None)

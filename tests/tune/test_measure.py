@@ -56,3 +56,18 @@ def test_a_child_that_cannot_start_fails_every_candidate(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING):
         assert measure_functions([gemm(GemmConfig())], repeats=3) == [None]
     assert "failed to start" in caplog.text
+
+
+def test_calls_cycle_through_copies_spanning_the_cold_size():
+    """Arguments are copied until they span twice the last-level cache (here 1 MiB for a
+    16 KiB workload: capped at MAX_COPIES), and calls take the copies in turn."""
+    from treadle.tune import measure
+    function = gemm(GemmConfig())
+    copies: list = []
+    cycle = measure._cold_arguments(function, {Var("M"): 64}, copies, 1 << 20)
+    assert len(copies) == measure.MAX_COPIES
+    taken = [cycle.take() for _ in range(measure.MAX_COPIES + 1)]
+    assert len({tuple(a) for a in taken}) == measure.MAX_COPIES
+    assert taken[0] == taken[-1]
+    few = measure._cold_arguments(function, {Var("M"): 64}, [], 100)
+    assert len(few.lists) == 1

@@ -83,6 +83,8 @@ def test_unsupported_ops_are_all_listed_with_their_nodes_before_building():
              helper.make_node("Custom", ["b"], ["c"], name="custom", domain="com.example"),
              helper.make_node("If", ["cond"], ["d"], name="branch", then_branch=then,
                               else_branch=then),
+             # treadle's own layout operators are not ONNX operators.
+             helper.make_node("ChannelsLastConv", ["x", "x"], ["e"], name="internal"),
              # Would fail shape inference, were the graph built: it must not be.
              helper.make_node("Add", ["x", "wrong"], ["y"], name="bad_add")]
     model = make_model(nodes, [tensor("x", [3]), tensor("cond", [], TensorProto.BOOL),
@@ -91,7 +93,7 @@ def test_unsupported_ops_are_all_listed_with_their_nodes_before_building():
         from_onnx(model)
     message = str(info.value)
     for text in ("FancyOp", "'fancy_1'", "'fancy_2'", "com.example.Custom", "'custom'", "If",
-                 "'branch'"):
+                 "'branch'", "ChannelsLastConv", "'internal'"):
         assert text in message
     assert "bad_add" not in message
 

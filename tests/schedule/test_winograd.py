@@ -100,3 +100,12 @@ def test_other_convolutions_stay_direct(side, channels, filters, stride, batch):
     graph = optimize(from_onnx(conv_model(side, channels, filters, stride, batch)))
     types = [n.op_type for n in graph.nodes]
     assert "WinogradConv" not in types and "ChannelsLastConv" in types
+
+
+def test_symbolic_sizes_are_refused_by_name():
+    from treadle.errors import UnsupportedOpError
+    x = Tensor("x", "float32", ("n", 8, 8, 4))
+    u = constant(transform_weights(random_array((3, 3, 4, 16)), 2), "u")
+    y = apply("WinogradConv", [x, u], {"tile": 2}, "wino")[0]
+    with pytest.raises(UnsupportedOpError, match="WinogradConv needs static sizes"):
+        compile_graph(Graph.from_outputs([x], [y]), optimize_graph=False)

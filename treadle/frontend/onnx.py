@@ -98,6 +98,7 @@ def unsupported_nodes(graph: onnx.GraphProto) -> dict[str, list[str]]:
         if node.domain not in DEFAULT_DOMAINS:
             found[f"{node.domain}.{node.op_type}"].append(node_name(node, index))
         elif (node.op_type not in REGISTRY and node.op_type not in IMPORTED_DIRECTLY
+              or node.op_type in REGISTRY and REGISTRY[node.op_type].internal
               or any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS)
                      for a in node.attribute)):
             found[node.op_type].append(node_name(node, index))

@@ -34,16 +34,20 @@ class OpDef:
     define: Define
     # Output i is input 0's memory reinterpreted (reshape-like ops): executed as an alias.
     view: bool = False
+    # Made by graph passes (channels-last layers, Winograd convolution), not an ONNX
+    # operator: a model that names one is rejected.
+    internal: bool = False
 
 
 REGISTRY: dict[str, OpDef] = {}
 
 
-def register(name: str, view: bool = False) -> Callable[[Define], Define]:
+def register(name: str, view: bool = False, internal: bool = False
+             ) -> Callable[[Define], Define]:
     def wrap(define: Define) -> Define:
         if name in REGISTRY:
             raise ValueError(f"operator {name} is registered twice")
-        REGISTRY[name] = OpDef(name, define, view)
+        REGISTRY[name] = OpDef(name, define, view, internal)
         return define
     return wrap
 

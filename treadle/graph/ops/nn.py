@@ -541,9 +541,12 @@ def _average_pool(ctx: OpContext, layout: Layout):
 
 
 for _layout, _prefix in ((NCHW, ""), (NHWC, "ChannelsLast")):
-    register(f"{_prefix}Conv")(lambda ctx, layout=_layout: _conv(ctx, layout))
-    register(f"{_prefix}MaxPool")(lambda ctx, layout=_layout: _max_pool(ctx, layout))
-    register(f"{_prefix}AveragePool")(lambda ctx, layout=_layout: _average_pool(ctx, layout))
+    _internal = _layout.channels_last
+    register(f"{_prefix}Conv", internal=_internal)(lambda ctx, layout=_layout: _conv(ctx, layout))
+    register(f"{_prefix}MaxPool", internal=_internal)(
+        lambda ctx, layout=_layout: _max_pool(ctx, layout))
+    register(f"{_prefix}AveragePool", internal=_internal)(
+        lambda ctx, layout=_layout: _average_pool(ctx, layout))
 
 
 def _window_count(win: Window, d: int, padded: bool, work: DataType) -> Compute | None:

@@ -87,7 +87,7 @@ def table(matrix: np.ndarray, row: Expr, col: Expr) -> Expr:
     return value
 
 
-@register("WinogradConv")
+@register("WinogradConv", internal=True)
 def winograd_conv(ctx: OpContext):
     """Inputs: x [N, H, W, C] float32 (channels last, unpadded), U from
     ``transform_weights`` for the ``tile`` attribute (2 or 4), an optional bias [K].

@@ -22,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from treadle.errors import UnsupportedOpError
 from treadle.graph.operator import Operator
 from treadle.graph.ops.winograd import PANEL, TRANSFORMS, Transform
 from treadle.ir.builder import FunctionBuilder
@@ -70,7 +71,11 @@ def schedule_winograd(op: Operator, name: str) -> Kernel:
 
 
 def _int(d) -> int:
-    return d if isinstance(d, int) else d.value
+    if isinstance(d, int):
+        return d
+    if isinstance(d, Const):
+        return d.value
+    raise UnsupportedOpError(f"WinogradConv needs static sizes, got {d}")
 
 
 def _input_transform(fb: FunctionBuilder, f: Transform, x: Buffer, v: Buffer, first, grid,

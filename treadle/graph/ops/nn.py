@@ -9,7 +9,10 @@ here; fast templates replace their schedules, not their definitions.
 Convolution and pooling share one window geometry (``_window``): output sizes, padding
 from ``pads`` or ``auto_pad``, and which spatial dimensions a window can leave. Reads in
 such a dimension become ``select(inside, x[clamped], fill)``: the index is clamped, so
-even the branch not taken stays inside the buffer.
+even the branch not taken stays inside the buffer. Each also has a channels-last twin
+(``ChannelsLastConv``, ``ChannelsLastMaxPool``, ``ChannelsLastAveragePool``: N x spatial x C,
+filters kernel x C/group x M), one definition with a ``Layout`` for both orders; only graph
+passes make the twins.
 """
 from __future__ import annotations
 

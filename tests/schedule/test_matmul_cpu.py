@@ -1,6 +1,8 @@
 """The GEMM template on computes it was never told about: matmul, batched matmul with
 broadcasting, convolution as implicit GEMM, a fused epilogue — against numpy, over
 several schedule configs (split_k included); invalid configs raise ScheduleConfigError."""
+import re
+
 import numpy as np
 import pytest
 
@@ -166,3 +168,23 @@ def test_symbolic_condition_becomes_a_kernel_assert():
     assert_close(out, x @ y, reduction=5)
     with pytest.raises(KernelError, match="K == K2"):
         compiled(x, random_array((4, 8), seed=3), out)
+
+
+@pytest.mark.parametrize("m,n,k,cfg", [
+    (61, 257, 131, GemmConfig(66, 32, 16, 6, 16)),   # ragged K blocks, ragged N tiles
+    (13, 200, 50, GemmConfig(18, 48, 16, 6, 16)),    # a ragged micro-panel of rows
+    (100, 384, 77, GemmConfig(102, 96, 32, 6, 16)),  # whole N tiles, ragged K
+    (128, 768, 64, GemmConfig(144, 192, 32, 4, 24)),  # a BERT-like row of tiles
+])
+def test_left_packed_once_for_a_row_of_tiles(m, n, k, cfg):
+    """Constant M within one block: each thread packs A for all of K once and every tile
+    reads those panels."""
+    a, b = Buffer("a", float32, (m, k)), Buffer("b", float32, (k, n))
+    c = reduce("c", [m, n], [k], lambda i, j, r: a[i, r] * b[r, j])
+    function = schedule_gemm("gemm", [a, b], match_gemm(c), cfg).function
+    # The panels of every K block: [blocks, block_m / micro_m, block_k, micro_m].
+    assert re.search(r"float32\[\d+, \d+, \d+, \d+\]", str(function))
+    x, y = random_array((m, k), seed=m), random_array((k, n), seed=n)
+    out = np.full((m, n), np.nan, np.float32)
+    compile_function(function)(x, y, out)
+    assert_close(out, x @ y, reduction=k)

@@ -341,11 +341,12 @@ def _num_tiles(gemm: _Gemm):
 def _whole_k(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, threads: int) -> None:
     cfg, tiles = gemm.cfg, _num_tiles(gemm)
     for thread in fb.range(threads, kind="parallel", name="thread"):
+        left = _pack_whole_left(fb, gemm) if _one_row_of_tiles(gemm) else None
         for (t,) in (repeat(ceil_div(tiles, threads)) * spatial(threads)).on(thread):
             with fb.if_(t < tiles):
                 tile = _Tile(fb, gemm, t)
                 acc = fb.buffer("acc", float32, [cfg.block_m, cfg.block_n])
-                _accumulate(fb, gemm, tile, acc, (), 0, gemm.size("k"))
+                _accumulate(fb, gemm, tile, acc, (), 0, gemm.size("k"), left)
                 for i in fb.range(tile.rows, name="i"):
                     m = gemm.coords(fb, "m", tile.row0 + i)
                     for j in fb.range(tile.cols, name="j"):
@@ -392,13 +393,14 @@ def _store(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, tile: _Tile, m: dict, 
 
 
 def _accumulate(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, acc: Buffer, slot: tuple,
-                k_begin, k_len) -> None:
+                k_begin, k_len, left: Buffer | None = None) -> None:
     """acc[slot + (i, j)] = the tile's products summed over K positions
     [k_begin, k_begin + k_len), one K block of packed panels at a time.
 
     A factor that only one register tile reads per K block (the macro-tile is a single
     micro-panel wide in the other factor's direction: GEMV, tall-skinny shapes) is read in
-    place instead, as packing it would cost as much as the products."""
+    place instead, as packing it would cost as much as the products. ``left``, when
+    given, holds the left factor already packed for every K block (_pack_whole_left)."""
     cfg = gemm.cfg
     mr, nr = cfg.micro_m, cfg.micro_n
     left_in_place, right_in_place = _in_place(gemm)
@@ -406,7 +408,10 @@ def _accumulate(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, acc: Buffer, slot
         k0 = fb.let("k0", k_begin + kb * cfg.block_k)
         depth = fb.let("depth", _max(_min(cfg.block_k, k_len - kb * cfg.block_k), 0))
         block = _KBlock(k0, depth, _first_row(gemm, kb, k_begin))
-        a_pack = None if left_in_place else _pack_left(fb, gemm, tile, block)
+        if left is not None:
+            a_pack = _Slab(left, kb)
+        else:
+            a_pack = None if left_in_place else _pack_left(fb, gemm, tile, block)
         # In place, the right factor's ragged last micro-panel still needs zero padding.
         b_pack = _pack_right(fb, gemm, tile, block, ragged_only=right_in_place)
         packed = _Operands(gemm, tile, k0, a_pack, b_pack, 0 if right_in_place else None)
@@ -473,7 +478,7 @@ class _Operands:
     gemm: _Gemm
     tile: _Tile
     k0: Expr
-    a_pack: Buffer | None
+    a_pack: Buffer | _Slab | None
     b_pack: Buffer | None
     b_panel: int | None  # the one micro-panel b_pack holds, or None for all of them
 
@@ -521,10 +526,56 @@ def _f32(e: Expr) -> Expr:
     return e if e.dtype == float32 else Cast(e, float32)
 
 
-def _pack_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, block: _KBlock) -> Buffer:
-    """a_pack[p, kk, r] = left(row0 + p * micro_m + r, k0 + kk), zero past the last row."""
+@dataclass(frozen=True)
+class _Slab:
+    """The panels of K block ``block`` in a buffer holding every block's, indexed as a
+    packed panel buffer of its own."""
+    buffer: Buffer
+    block: Expr
+
+    def __getitem__(self, index: tuple) -> Expr:
+        return self.buffer[(self.block, *index)]
+
+    def __setitem__(self, index: tuple, value) -> None:
+        self.buffer[(self.block, *index)] = value
+
+
+def _one_row_of_tiles(gemm: _Gemm) -> bool:
+    """Whether every macro-tile spans the same rows (constant M within one block, no batch)
+    and a thread can keep the left factor packed for all of K beside its other panels: it
+    then packs A once instead of once per tile (a 128 x 768 x 3072 dense layer re-packed
+    A for each of its N tiles)."""
+    cfg, M, K = gemm.cfg, gemm.size("m"), gemm.size("k")
+    if not (isinstance(M, int) and isinstance(K, int) and M <= cfg.block_m
+            and gemm.size("batch") == 1 and cfg.split_k == 1 and not _in_place(gemm)[0]
+            and _num_tiles(gemm) > 1):
+        return False
+    floats = (ceil_div(K, cfg.block_k) * cfg.block_m * cfg.block_k
+              + cfg.block_n * _panel_rows(cfg) + cfg.block_m * cfg.block_n)
+    return 4 * floats <= STACK_BYTES
+
+
+def _pack_whole_left(fb: FunctionBuilder, gemm: _Gemm) -> Buffer:
+    """The left factor's panels for every K block, [blocks, block_m / micro_m, block_k,
+    micro_m], for a GEMM whose tiles all span rows 0..M (see _one_row_of_tiles)."""
+    cfg, K = gemm.cfg, gemm.size("k")
+    blocks = ceil_div(K, cfg.block_k)
+    left = fb.buffer("a_all", float32, [blocks, cfg.block_m // cfg.micro_m, cfg.block_k,
+                                        cfg.micro_m])
+    rows = _Tile(fb, gemm, 0)
+    for kb in fb.range(blocks, name="kb"):
+        depth = fb.let("depth", _min(cfg.block_k, K - kb * cfg.block_k))
+        block = _KBlock(fb.let("k0", kb * cfg.block_k), depth, _first_row(gemm, kb, 0))
+        _pack_left(fb, gemm, rows, block, _Slab(left, kb))
+    return left
+
+
+def _pack_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, block: _KBlock,
+               into: _Slab | None = None) -> Buffer | _Slab:
+    """a_pack[p, kk, r] = left(row0 + p * micro_m + r, k0 + kk), zero past the last row;
+    into ``into`` or a new buffer."""
     cfg, mr = gemm.cfg, gemm.cfg.micro_m
-    a_pack = fb.buffer("a_pack", float32, [cfg.block_m // mr, cfg.block_k, mr])
+    a_pack = into or fb.buffer("a_pack", float32, [cfg.block_m // mr, cfg.block_k, mr])
     for p in fb.range(ceil_div(tile.rows, mr), name="p"):
         with fb.if_(p * mr + mr <= tile.rows):
             # A whole micro-panel: walk K once, writing the packed panel linearly.
@@ -539,7 +590,7 @@ def _pack_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, block: _KBlock) ->
 
 
 def _pack_ragged_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, k0, depth,
-                      a_pack: Buffer, p) -> None:
+                      a_pack: Buffer | _Slab, p) -> None:
     """The last micro-panel of a ragged edge, row by row, zero past the last row."""
     mr = gemm.cfg.micro_m
     for r in fb.range(mr, name="r"):

@@ -1,6 +1,5 @@
 """channels_last: convolutions and pools run N x spatial x C, the transposes between
 consecutive layers cancel, and the network still matches ONNX Runtime."""
-import numpy as np
 import pytest
 from onnx import helper
 

@@ -16,6 +16,7 @@ timed reading cold data, as they will run.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import pickle
@@ -27,7 +28,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -204,35 +205,27 @@ def _child_main(job_path: str) -> None:
             print("time", index, repr(float(np.median(samples))), flush=True)
 
 
-class _Cycle:
-    """Argument lists taken in turn, one per call."""
-
-    def __init__(self, lists: list[list]):
-        self.lists, self.next = lists, 0
-
-    def take(self) -> list:
-        args = self.lists[self.next]
-        self.next = (self.next + 1) % len(self.lists)
-        return args
-
-
 def _cold_arguments(function: Function, env: Mapping[Var, int], copies: list[dict],
-                    cold_bytes: int) -> _Cycle:
-    """Enough copies of the arguments (at most MAX_COPIES) to span ``cold_bytes``;
-    ``copies`` holds the arrays of each copy, shared by candidates of one workload."""
+                    cold_bytes: int) -> Iterator[list]:
+    """Argument lists taken in turn, one per call: enough copies of the arguments (at
+    most MAX_COPIES) to span ``cold_bytes``. ``copies`` holds the arrays of each copy,
+    shared by candidates of one workload."""
     if not copies:
         copies.append({})
-    first = _arguments(function, env, copies[0])
-    footprint = sum(a.nbytes for a in copies[0].values())
+    first, footprint = _arguments(function, env, copies[0])
     wanted = min(MAX_COPIES, max(1, -(-cold_bytes // max(footprint, 1))))
     while len(copies) < wanted:
         copies.append({})
-    return _Cycle([first] + [_arguments(function, env, c) for c in copies[1:wanted]])
+    return itertools.cycle([first] + [_arguments(function, env, c)[0]
+                                      for c in copies[1:wanted]])
 
 
-def _arguments(function: Function, env: Mapping[Var, int], arrays: dict) -> list:
+def _arguments(function: Function, env: Mapping[Var, int], arrays: dict
+               ) -> tuple[list, int]:
+    """The call's arguments, with its buffers taken from (or added to) ``arrays``, and
+    the bytes those buffers hold."""
     rng = np.random.default_rng(0)
-    args = []
+    args, nbytes = [], 0
     for p in function.params:
         if isinstance(p, Var):
             args.append(env[p])
@@ -245,11 +238,12 @@ def _arguments(function: Function, env: Mapping[Var, int], arrays: dict) -> list
                 else np.zeros(shape, dtype)
             arrays[key] = data
         args.append(arrays[key].ctypes.data)
-    return args
+        nbytes += arrays[key].nbytes
+    return args, nbytes
 
 
-def _seconds(kernel, args: _Cycle) -> float:
-    arguments = args.take()
+def _seconds(kernel, args: Iterator[list]) -> float:
+    arguments = next(args)
     start = time.perf_counter()
     kernel.call_unchecked(arguments)
     return time.perf_counter() - start

@@ -227,10 +227,15 @@ def unsqueeze(ctx: OpContext):
 
 
 # ---- layout -----------------------------------------------------------------------------
+def transpose_perm(attrs: dict, rank: int) -> list[int]:
+    """A Transpose's permutation: its ``perm``, or by default the axes reversed."""
+    return list(attrs.get("perm") or reversed(range(rank)))
+
+
 @register("Transpose")
 def transpose(ctx: OpContext):
     x, shape = ctx.input(0), _dims(ctx, 0)
-    perm = list(ctx.attr("perm") or reversed(range(len(shape))))
+    perm = transpose_perm(ctx.attrs, len(shape))
     if sorted(perm) != list(range(len(shape))):
         raise ctx.error(f"perm {perm} is not a permutation of the {len(shape)} axes")
 

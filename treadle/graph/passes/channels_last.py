@@ -23,6 +23,7 @@ import numpy as np
 from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator, apply
 from treadle.graph.ops.elementwise import ELEMENTWISE
+from treadle.graph.ops.transform import transpose_perm
 from treadle.graph.rewrite import rewrite_graph
 from treadle.graph.tensor import Tensor, constant
 
@@ -91,7 +92,7 @@ def _transposed(t: Optional[Tensor]) -> Optional[tuple[Tensor, list[int]]]:
     if node is None or node.op_type != "Transpose":
         return None
     source = node.inputs[0]
-    return source, list(node.attrs.get("perm") or reversed(range(source.rank)))
+    return source, transpose_perm(node.attrs, source.rank)
 
 
 def _back_to_first(t: Optional[Tensor]) -> Optional[tuple[Tensor, list[int]]]:
@@ -107,7 +108,7 @@ def _back_to_first(t: Optional[Tensor]) -> Optional[tuple[Tensor, list[int]]]:
 def _compose(node: Operator, x: Tensor) -> Optional[Sequence[Tensor]]:
     if _transposed(x) is None:
         return None
-    return [_transpose(x, node.attrs.get("perm") or list(reversed(range(x.rank))), node.name)]
+    return [_transpose(x, transpose_perm(node.attrs, x.rank), node.name)]
 
 
 def _inverse(perm: Sequence[int]) -> list[int]:

@@ -268,11 +268,17 @@ def _balanced(cfg: GemmConfig, batch, M, N, workers: int) -> GemmConfig:
     return replace(cfg, block_m=bm, block_n=bn)
 
 
-def _whole_rows(cfg: GemmConfig, k_extents: Sequence) -> GemmConfig:
-    """A K block of whole rows of the innermost K axis (a convolution's input channels),
-    where one fits, so that packing walks rows without dividing (see _k_walk)."""
+def _row_width(k_extents: Sequence) -> int | None:
+    """The constant extent of the innermost of several K axes (a convolution's input
+    channels): the length of a row that packing walks without dividing (see _k_walk)."""
     width = k_extents[-1] if len(k_extents) > 1 else None
-    if isinstance(width, int) and width <= cfg.block_k:
+    return width if isinstance(width, int) else None
+
+
+def _whole_rows(cfg: GemmConfig, k_extents: Sequence) -> GemmConfig:
+    """A K block of whole rows, where one fits."""
+    width = _row_width(k_extents)
+    if width is not None and width <= cfg.block_k:
         return replace(cfg, block_k=cfg.block_k // width * width)
     return cfg
 
@@ -405,20 +411,19 @@ def _accumulate(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, acc: Buffer, slot
     mr, nr = cfg.micro_m, cfg.micro_n
     left_in_place, right_in_place = _in_place(gemm)
     for kb in fb.range(_max(ceil_div(k_len, cfg.block_k), 1), name="kb"):
-        k0 = fb.let("k0", k_begin + kb * cfg.block_k)
-        depth = fb.let("depth", _max(_min(cfg.block_k, k_len - kb * cfg.block_k), 0))
-        block = _KBlock(k0, depth, _first_row(gemm, kb, k_begin))
+        block = _k_block(fb, gemm, kb, k_begin, k_len)
         if left is not None:
             a_pack = _Slab(left, kb)
         else:
             a_pack = None if left_in_place else _pack_left(fb, gemm, tile, block)
         # In place, the right factor's ragged last micro-panel still needs zero padding.
         b_pack = _pack_right(fb, gemm, tile, block, ragged_only=right_in_place)
-        packed = _Operands(gemm, tile, k0, a_pack, b_pack, 0 if right_in_place else None)
+        packed = _Operands(gemm, tile, block.k0, a_pack, b_pack,
+                           0 if right_in_place else None)
         in_place = replace(packed, b_pack=None)
         for q in fb.range(ceil_div(tile.cols, nr), name="q"):
             for p in fb.range(ceil_div(tile.rows, mr), name="p"):
-                args = (fb, cfg, acc, slot + (p * mr, q * nr), eq(kb, 0), depth)
+                args = (fb, cfg, acc, slot + (p * mr, q * nr), eq(kb, 0), block.depth)
                 if right_in_place:
                     with fb.if_(q * nr + nr <= tile.cols):
                         register_tile(*args, in_place.reader(fb, p, q))
@@ -437,13 +442,15 @@ class _KBlock:
     first_row: Expr | None
 
 
-def _first_row(gemm: _Gemm, kb, k_begin) -> Expr | None:
-    extents = gemm.extents["k"]
-    width = extents[-1]
-    if (len(extents) < 2 or not isinstance(width, int) or gemm.cfg.block_k % width
-            or not (isinstance(k_begin, int) and k_begin == 0)):
-        return None
-    return kb * (gemm.cfg.block_k // width)
+def _k_block(fb: FunctionBuilder, gemm: _Gemm, kb, k_begin, k_len) -> _KBlock:
+    """K block ``kb`` of the K positions [k_begin, k_begin + k_len)."""
+    block_k = gemm.cfg.block_k
+    k0 = fb.let("k0", k_begin + kb * block_k)
+    depth = fb.let("depth", _max(_min(block_k, k_len - kb * block_k), 0))
+    width = _row_width(gemm.extents["k"])
+    whole = (width is not None and block_k % width == 0
+             and isinstance(k_begin, int) and k_begin == 0)
+    return _KBlock(k0, depth, kb * (block_k // width) if whole else None)
 
 
 def _k_walk(fb: FunctionBuilder, gemm: _Gemm, block: _KBlock) -> Iterator[tuple[Expr, dict]]:
@@ -564,9 +571,7 @@ def _pack_whole_left(fb: FunctionBuilder, gemm: _Gemm) -> Buffer:
                                         cfg.micro_m])
     rows = _Tile(fb, gemm, 0)
     for kb in fb.range(blocks, name="kb"):
-        depth = fb.let("depth", _min(cfg.block_k, K - kb * cfg.block_k))
-        block = _KBlock(fb.let("k0", kb * cfg.block_k), depth, _first_row(gemm, kb, 0))
-        _pack_left(fb, gemm, rows, block, _Slab(left, kb))
+        _pack_left(fb, gemm, rows, _k_block(fb, gemm, kb, 0, K), _Slab(left, kb))
     return left
 
 
@@ -649,7 +654,7 @@ def _rows_ahead(gemm: _Gemm, k: dict) -> dict | None:
     """K coordinates PREFETCH_ROWS rows of B past ``k`` (along the innermost K axis; past
     its end the address is another row's or outside B, harmless for a prefetch), or None
     when B is not a plain load whose address could be fetched."""
-    if PREFETCH_ROWS == 0 or not isinstance(gemm.pattern.right, Load):
+    if not isinstance(gemm.pattern.right, Load):
         return None
     inner = gemm.pattern.compute.reduce_axes[-1]
     return {**k, inner: k[inner] + PREFETCH_ROWS}

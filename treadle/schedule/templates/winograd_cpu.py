@@ -64,7 +64,7 @@ def schedule_winograd(op: Operator, name: str) -> Kernel:
             k0 = fb.let("k0", item % chunks * chunk)
             v = fb.buffer("v", float32, [f.positions, per_block, channels])
             m = fb.buffer("m", float32, [f.positions, per_block, chunk])
-            _input_transform(fb, f, x, v, first, grid, channels)
+            _input_transform(fb, f, x, v, first, grid, out_size)
             _products(fb, f, u, v, m, k0, channels)
             _output_transform(fb, f, m, first, grid, out_size, k0, (red, epilogue, out.buffer))
     return canonical_kernel(fb.function, op.input_buffers, 1)
@@ -79,17 +79,16 @@ def _int(d) -> int:
 
 
 def _input_transform(fb: FunctionBuilder, f: Transform, x: Buffer, v: Buffer, first, grid,
-                     channels: int) -> None:
+                     out_size) -> None:
     """v[e, t, c] = (BT d BT^T)[e] for the input tile d of block tile t. Tiles past the
     last repeat it (their products are never stored); positions past the input's edge,
     where the output size is not a multiple of the tile, read as zero."""
-    tiles, size = math.prod(grid), x.shape[1:3]
-    span = range(f.window)
+    tiles, span = math.prod(grid), range(f.window)
     for t in fb.range(v.shape[1], name="t"):
         n, ty, tx = (fb.let(a, e) for a, e in
                      zip(("n", "ty", "tx"), unravel(minimum(first + t, tiles - 1), grid)))
-        for c in fb.range(channels, name="c"):
-            d = [[_tile_input(f, x, size, (n, ty * f.tile + i, tx * f.tile + j, c))
+        for c in fb.range(v.shape[2], name="c"):
+            d = [[_tile_input(f, x, out_size, (n, ty * f.tile + i, tx * f.tile + j, c))
                   for j in span] for i in span]
             rows = [[fb.let("r", _combine(f.bt[a], [d[i][j] for i in span])) for j in span]
                     for a in span]
@@ -98,14 +97,14 @@ def _input_transform(fb: FunctionBuilder, f: Transform, x: Buffer, v: Buffer, fi
                     v[a * f.window + b, t, c] = _combine(f.bt[b], rows[a])
 
 
-def _tile_input(f: Transform, x: Buffer, size, index) -> Expr:
-    """x at (n, row, col, c), zero past an edge that the tiles overhang."""
+def _tile_input(f: Transform, x: Buffer, out_size, index) -> Expr:
+    """x at (n, row, col, c), zero past an edge that the tiles overhang (an output size
+    that is not a multiple of the tile)."""
     conds, index = [], list(index)
-    for axis, extent in enumerate(size, start=1):
-        extent = _int(extent)
-        if (extent - 2) % f.tile:
-            conds.append(index[axis] < extent)
-            index[axis] = minimum(index[axis], as_expr(extent - 1))
+    for axis, out in enumerate(out_size, start=1):
+        if out % f.tile:
+            conds.append(index[axis] < out + 2)
+            index[axis] = minimum(index[axis], as_expr(out + 1))
     value = x[tuple(index)]
     return select(logical_and(*conds), value, Const(0.0, float32)) if conds else value
 

@@ -518,11 +518,10 @@ def one_hot(ctx: OpContext):
     axis = normalize_axis(ctx, ctx.attr("axis", -1), len(shape) + 1)
 
     def element(*i):
-        # Compared in the indices' type, so a non-integral float index matches nothing.
-        k = indices[i[:axis] + i[axis + 1:]]
-        k = cast(k, dtypes.index_type) if k.dtype.is_integer else k
-        k = select(k < Const(0, k.dtype), k + cast(as_expr(depth), k.dtype), k)
-        return select(eq(k, cast(i[axis], k.dtype)), values[1], values[0])
+        # ONNX casts indices of any type to int64 (a float index truncates toward zero).
+        k = cast(indices[i[:axis] + i[axis + 1:]], dtypes.index_type)
+        k = select(k < 0, k + depth, k)
+        return select(eq(k, i[axis]), values[1], values[0])
     return [compute("y", shape[:axis] + [depth] + shape[axis:], element)]
 
 

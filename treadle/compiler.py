@@ -31,7 +31,7 @@ def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int = 0) -> E
     """``tune``: the tuning level of template schedules (0 analytic, 1 small, 2 full)."""
     if optimize_graph:
         graph = optimize(graph)
-    tensors = graph.tensors
+    tensors = list(graph.tensors)
     slot_of = {id(t): k for k, t in enumerate(tensors)}
     slots = [Slot(t.name, t.dtype, t.shape) for t in tensors]
     constants = {slot_of[id(t)]: t.data for t in tensors if t.is_constant}
@@ -47,6 +47,12 @@ def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int = 0) -> E
                           (slot_of[id(op.outputs[0])],), ()))
             continue
         for kernel in schedule_group(group, f"k{index}_{group.anchor.op_type}", tune):
+            for t in kernel.inputs:  # a constant the schedule laid out anew
+                if id(t) not in slot_of:
+                    tensors.append(t)  # held, so that no later tensor takes its id
+                    slot_of[id(t)] = len(slots)
+                    slots.append(Slot(t.name, t.dtype, t.shape))
+                    constants[slot_of[id(t)]] = t.data
             key = replace(kernel.function, name="")
             function = unique.setdefault(key, kernel.function)
             outputs = tuple(slot_of[id(t)] for t in kernel.outputs)
@@ -55,6 +61,10 @@ def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int = 0) -> E
             workspaces = tuple(Slot(w.name, w.dtype, w.shape) for w in kernel.workspaces)
             plans.append((group.name, function.name, args, outputs, workspaces))
 
+    # Constants only read through a layout of their own (weights packed into panels) are
+    # dropped, so a model keeps one copy of its weights.
+    read = {a for _, _, args, _, _ in plans for a in args} | {slot_of[id(t)] for t in graph.outputs}
+    constants = {slot: data for slot, data in constants.items() if slot in read}
     kernels = build_functions(list(unique.values()), graph.name)
     steps = [Step(name, None if fn is None else kernels[fn], args, outs, ws)
              for name, fn, args, outs, ws in plans]

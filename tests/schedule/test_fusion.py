@@ -89,13 +89,15 @@ def test_residual_add_fuses_into_the_dense_epilogue():
 
 
 def test_transpose_prologue_runs_inside_the_matmul():
-    a = ops.input("a", "float32", [5, 7, 13])
+    # 29 rows: more than one register tile, so both factors are packed (a factor read in
+    # place is loaded as vectors, which a prologue cannot replace).
+    a = ops.input("a", "float32", [5, 7, 29])
     b = ops.input("b", "float32", [5, 11, 7])
     graph = ops.graph([a, b], [ops.matmul(ops.transpose(a, [0, 2, 1]),
                                           ops.transpose(b, [0, 2, 1]))])
     exe = compile_graph(graph)
     assert len(kernels(exe)) == 1, kernels(exe)
-    av, bv = random_array([5, 7, 13], seed=1), random_array([5, 11, 7], seed=2)
+    av, bv = random_array([5, 7, 29], seed=1), random_array([5, 11, 7], seed=2)
     expected = av.transpose(0, 2, 1) @ bv.transpose(0, 2, 1)
     assert_close(exe(av, bv)[0], expected, reduction=7)
 
@@ -205,3 +207,22 @@ def test_slice_reads_part_of_the_product_so_is_not_an_epilogue():
     assert len(kernels(exe)) == 2, kernels(exe)
     xv = random_array([9, 16], seed=2)
     assert_close(exe(xv)[0], (xv @ w)[:, 2:7], reduction=16)
+
+
+def test_dense_layers_read_their_own_weights_in_panel_order():
+    """Forty dense layers of one shape: each reads its own weights, laid out at compile time
+    (a layout made for one layer must never reach another), and the model keeps those
+    layouts instead of the original weights."""
+    x = ops.input("x", "float32", [7, 24])
+    weights = [random_array([24, 24], seed=k, low=-0.3, high=0.3) for k in range(40)]
+    y = x
+    for w in weights:
+        y = ops.relu(ops.matmul(y, ops.constant(w)))
+    exe = compile_graph(ops.graph([x], [y]))
+    assert len(kernels(exe)) == 40
+    assert sorted(a.shape for a in exe.constants.values()) == [(2, 24, 16)] * 40
+    xv = random_array([7, 24], seed=99)
+    expected = xv
+    for w in weights:
+        expected = np.maximum(expected @ w, 0)
+    assert_close(exe(xv)[0], expected, reduction=24 * 40)

@@ -13,8 +13,12 @@ from treadle.ir.compute import compute, reduce
 from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Var, logical_and, maximum, select
 from treadle.runtime.module import compile_function
+from treadle.ir.tabulate import tabulate
 from treadle.schedule.templates.matmul_cpu import (GemmConfig, match_gemm, match_gemm_output,
-                                                   schedule_gemm)
+                                                   schedule_gemm, with_constants)
+from treadle.target.cpu import host
+
+REGISTERS = host().vector_registers
 
 # The default, small blocks with ragged edges, a 4x24 and a 1x48 register tile, split K.
 CONFIGS = [GemmConfig(), GemmConfig(12, 32, 5, 6, 16), GemmConfig(8, 48, 16, 4, 24),
@@ -90,8 +94,9 @@ def test_fused_bias_relu_epilogue(cfg):
 @pytest.mark.parametrize("cfg, reason", [
     (GemmConfig(micro_n=12, block_n=48), "multiple of 8"),
     (GemmConfig(block_m=100), "multiple of the register tile"),
-    (GemmConfig(micro_m=8, micro_n=16, block_m=96), "vector registers"),
-    (GemmConfig(micro_m=3, micro_n=32, block_m=96), "vector registers"),
+    # Half the registers in rows of two vectors, a quarter in rows of four: one too many.
+    (GemmConfig(micro_m=REGISTERS // 2, micro_n=16, block_m=96), "vector registers"),
+    (GemmConfig(micro_m=REGISTERS // 4, micro_n=32, block_m=96), "vector registers"),
     (GemmConfig(block_k=0), "positive"),
     (GemmConfig(split_k=0), "positive"),
     (GemmConfig(block_m=96, block_n=512, block_k=1024), "stack"),
@@ -188,3 +193,57 @@ def test_left_packed_once_for_a_row_of_tiles(m, n, k, cfg):
     out = np.full((m, n), np.nan, np.float32)
     compile_function(function)(x, y, out)
     assert_close(out, x @ y, reduction=k)
+
+
+def _laid_out_once(inputs, out, constants, cfg):
+    """The kernel of ``out`` whose constant right factor ``constants`` (buffer -> array)
+    is laid out at compile time, and the tabulated layout it reads."""
+    pattern = with_constants(match_gemm_output(out), list(constants))
+    assert pattern.constant_right
+    kernel = schedule_gemm("gemm", inputs, pattern, cfg)
+    assert len(kernel.derived) == 1
+    assert not set(constants) & set(kernel.function.buffers)  # read via the layout only
+    return compile_function(kernel.function), tabulate(kernel.derived[0], constants)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+@pytest.mark.parametrize("transposed", [False, True])
+def test_constant_right_factor_laid_out_once(cfg, transposed):
+    """Weights in panel order from compile time (none packed at run time): symbolic and
+    prime M, N and K not multiples of the register tile, a transposed weight."""
+    M, n, k = Var("M"), 37, 131
+    a = Buffer("a", float32, (M, k))
+    shape = (n, k) if transposed else (k, n)
+    w = Buffer("w", float32, shape)
+    c = reduce("c", [M, n], [k],
+               lambda i, j, r: a[i, r] * (w[j, r] if transposed else w[r, j]))
+    wv = random_array(shape, seed=5)
+    kernel, panels = _laid_out_once([a, w], c, {w: wv}, cfg)
+    for m in (1, 7, 61):
+        x = random_array((m, k), seed=m)
+        out = np.full((m, n), np.nan, np.float32)
+        kernel(x, out, panels)
+        assert_close(out, x @ (wv.T if transposed else wv), reduction=k, context=f"M={m}")
+
+
+def test_constant_convolution_filter_laid_out_once():
+    """A convolution's filter, K = (rows, columns, channels), laid out as one matrix."""
+    n, ci, h, wd, co, k = 2, 3, 11, 7, 5, 3
+    x, w = Buffer("x", float32, (n, ci, h, wd)), Buffer("w", float32, (co, ci, k, k))
+    out = reduce("conv", [n, co, h - 2, wd - 2], [k, k, ci],
+                 lambda b, o, i, j, p, q, c: x[b, c, i + p, j + q] * w[o, c, p, q])
+    xv, wv = random_array((n, ci, h, wd), seed=7), random_array((co, ci, k, k), seed=8)
+    kernel, panels = _laid_out_once([x, w], out, {w: wv}, GemmConfig())
+    result = np.full((n, co, h - 2, wd - 2), np.nan, np.float32)
+    kernel(xv, result, panels)
+    assert_close(result, conv_reference(xv, wv, 1, 0), reduction=ci * k * k)
+
+
+def test_right_factor_with_a_batch_axis_or_input_is_packed_per_call():
+    a, b, c = symbolic_matmul()
+    pattern = match_gemm(c)
+    assert not with_constants(pattern, []).constant_right  # b is an input
+    assert not with_constants(pattern, [b]).constant_right  # N and K are symbolic
+    x, y = Buffer("x", float32, (4, 3, 5)), Buffer("y", float32, (4, 5, 6))
+    batched = reduce("bmm", [4, 3, 6], [5], lambda i, j, l, r: x[i, j, r] * y[i, r, l])
+    assert not with_constants(match_gemm(batched), [y]).constant_right

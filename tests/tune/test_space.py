@@ -7,6 +7,7 @@ import pytest
 from treadle.config import override
 from treadle.errors import ScheduleConfigError
 from treadle.schedule.templates.matmul_cpu import GemmConfig
+from treadle.target import cpu
 from treadle.target.cpu import CpuTarget, host
 from treadle.tune.space import ELEMENT_BYTES, check_gemm_config, gemm_space, tile_bytes
 
@@ -15,6 +16,8 @@ TARGETS = [
     CpuTarget(("avx2", "fma"), 32 * 1024, 256 * 1024, 8 * 1024 * 1024),
     CpuTarget(("avx2", "fma"), 48 * 1024, 2 * 1024 * 1024, 32 * 1024 * 1024),
     CpuTarget(("sse4_2",), 32 * 1024, 512 * 1024, 4 * 1024 * 1024),
+    CpuTarget(("avx2", "fma", "avx512f", "avx512vl"), 32 * 1024, 1024 * 1024,
+              32 * 1024 * 1024, vector_registers=32),
 ]
 BOUNDS = {0: (1, 1), 1: (10, 30), 2: (31, 199)}
 
@@ -71,3 +74,20 @@ def test_invalid_points_raise(cfg, rule):
 def test_unknown_level():
     with pytest.raises(ValueError, match="tuning level 3"):
         gemm_space(3, host())
+
+
+@pytest.mark.parametrize("flags, registers", [({"avx2", "fma"}, 16),
+                                              ({"avx2", "fma", "avx512f", "avx512vl"}, 32)])
+def test_avx512vl_gives_room_for_larger_register_tiles(monkeypatch, flags, registers):
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: flags)
+    cpu.host.cache_clear()
+    try:
+        target = host()
+        assert target.vector_registers == registers
+        assert set(target.features) == flags and target.lanes() == 8
+        (default,) = gemm_space(0, target)
+        accumulators = default.micro_m * default.micro_n // 8
+        assert registers // 2 <= accumulators < registers
+    finally:
+        monkeypatch.undo()
+        cpu.host.cache_clear()

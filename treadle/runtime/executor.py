@@ -62,7 +62,7 @@ class Executable:
         self.slots = tuple(slots)
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
-        self.constants = dict(constants)
+        self.constants = {slot: _aligned(array) for slot, array in constants.items()}
         self.steps = tuple(steps)
         self.symbols = sorted({v for s in self.slots for d in s.shape if isinstance(d, Expr)
                                for v in free_vars(d)}, key=lambda v: v.name)
@@ -229,6 +229,19 @@ class Executable:
         arena = [(s, first[s], last[s], _size_bytes(self.slots[s].dtype, shapes[s]))
                  for s in first if s not in external]
         return arena + workspaces
+
+
+def _aligned(array: np.ndarray) -> np.ndarray:
+    """``array`` at an ALIGN-byte boundary (a copy where it is not): numpy places large
+    arrays 16 bytes past a page, and half the vector loads of such a weight would cross a
+    cache line."""
+    if array.ctypes.data % ALIGN == 0 and array.flags.c_contiguous:
+        return array
+    raw = np.empty(array.nbytes + ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
+    aligned = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    aligned[...] = array
+    return aligned
 
 
 def _first_fit(intervals) -> tuple[dict[object, int], int]:

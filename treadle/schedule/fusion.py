@@ -29,6 +29,7 @@ from treadle.ir.compute import Compute
 from treadle.ir.expr import Buffer, Expr, Load, Var, as_expr
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.mapping import ravel, unravel
+from treadle.ir.tabulate import tabulate
 from treadle.ir.stmt import Assert, Function, Let, Seq, Stmt, Store
 from treadle.schedule.operator import schedule_operator
 from treadle.schedule.rules import Inliner, bound_vars, canonical_names, reachable
@@ -65,6 +66,8 @@ def _fused(group: Group, name: str, tune: int) -> FusedKernel:
     params = {b: buffers.of(anchor.inputs[i]) for b, i in zip(func.buffers, kernel.inputs)}
     outs = func.buffers[len(kernel.inputs):len(kernel.inputs) + len(anchor.outputs)]
     params.update({b: buffers.of(t) for b, t in zip(outs, anchor.outputs)})
+    derived = _derived_constants(anchor, kernel.derived, name)
+    params.update({c.buffer: buffers.of(t) for c, t in zip(kernel.derived, derived)})
     body = rewrite(func.body, lambda n: replace(n, buffer=params[n.buffer])
                    if isinstance(n, (Load, Store)) and n.buffer in params else None)
     if group.epilogues:
@@ -74,7 +77,16 @@ def _fused(group: Group, name: str, tune: int) -> FusedKernel:
     checks = [Assert(cond, message) for op in (*group.prologues, *group.epilogues)
               for cond, message in op.checks]
     body = Seq((*checks, body)) if checks else body
-    return _assemble(name, body, group, buffers, kernel.workspaces)
+    return _assemble(name, body, group, buffers, kernel.workspaces, derived)
+
+
+def _derived_constants(op: Operator, computes: Sequence[Compute], name: str) -> list[Tensor]:
+    """The constants a schedule reads in its own layout, tabulated from ``op``'s."""
+    arrays = {b: t.data for b, t in zip(op.input_buffers, op.inputs)
+              if b is not None and t is not None and t.is_constant}
+    tables = [tabulate(c, arrays) for c in computes]
+    return [Tensor(f"{name}/{c.buffer.name}", c.dtype, table.shape, table)
+            for c, table in zip(computes, tables)]
 
 
 class _TensorBuffers:
@@ -173,7 +185,7 @@ def _index_through(load: Load, c: Compute, source: tuple[Expr, ...]) -> tuple[Ex
 
 
 def _assemble(name: str, body: Stmt, group: Group, buffers: _TensorBuffers,
-              workspaces: tuple[Buffer, ...]) -> FusedKernel:
+              workspaces: tuple[Buffer, ...], derived: Sequence[Tensor]) -> FusedKernel:
     """The function with its parameters in kernel order and canonical names."""
     used = {n.buffer for n in walk(body) if isinstance(n, (Load, Store))}
     produced = {id(t) for op in group.ops for t in op.outputs}
@@ -182,6 +194,7 @@ def _assemble(name: str, body: Stmt, group: Group, buffers: _TensorBuffers,
         for t in op.inputs:
             if t is not None and id(t) not in produced and buffers.of(t) in used:
                 inputs.setdefault(id(t), t)
+    inputs.update((id(t), t) for t in derived)
     params: list = [buffers.of(t) for t in inputs.values()]
     params += [buffers.of(t) for t in group.outputs] + list(workspaces)
     symbols = {v for p in params for d in p.shape for v in free_vars(d)}

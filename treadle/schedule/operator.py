@@ -9,7 +9,8 @@ from __future__ import annotations
 from treadle.graph.operator import Operator
 from treadle.schedule.rules import Kernel, schedule_computes
 from treadle.graph.tensor import normalize_dim
-from treadle.schedule.templates.matmul_cpu import GemmPattern, match_gemm_output, schedule_gemm
+from treadle.schedule.templates.matmul_cpu import (GemmPattern, match_gemm_output,
+                                                   schedule_gemm, with_constants)
 from treadle.schedule.templates.window_cpu import match_window, schedule_window
 from treadle.schedule.templates.winograd_cpu import schedule_winograd
 from treadle.tune.exhaustive import tune_gemm
@@ -30,6 +31,9 @@ def schedule_operator(op: Operator, name: str, tune: int = 0) -> Kernel:
     if len(op.definition) == 1:
         pattern = match_gemm_output(op.definition[0])
         if pattern is not None and _wide_enough(pattern):
+            constants = [b for b, t in zip(op.input_buffers, op.inputs)
+                         if b is not None and t is not None and t.is_constant]
+            pattern = with_constants(pattern, constants)
             cfg = tune_gemm(name, op.input_buffers, pattern, tune)
             return schedule_gemm(name, op.input_buffers, pattern, cfg, op.checks)
         window = match_window(op.definition[0])

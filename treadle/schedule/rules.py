@@ -35,10 +35,15 @@ MIN_VECTOR_REDUCE = 8
 class Kernel:
     """A scheduled tensor program and how its buffer parameters relate to the operator:
     the operator inputs at indices ``inputs``, then every operator output in order, then
-    ``workspaces``, scratch buffers the caller allocates."""
+    the buffers of ``derived``, then ``workspaces``, scratch buffers the caller allocates.
+
+    ``derived`` are constants the schedule reads in a layout of its own (the GEMM
+    template's weight panels): computes over operator inputs that are constants, which
+    the compiler tabulates once (``ir.tabulate``)."""
     function: Function
     inputs: tuple[int, ...]
     workspaces: tuple[Buffer, ...]
+    derived: tuple[Compute, ...] = ()
 
 
 def schedule_computes(name: str, inputs: Sequence[Buffer | None], outputs: Sequence[Compute],
@@ -59,14 +64,18 @@ def schedule_computes(name: str, inputs: Sequence[Buffer | None], outputs: Seque
                             inputs, len(outputs))
 
 
-def canonical_kernel(func: Function, inputs: Sequence[Buffer | None], num_outputs: int) -> Kernel:
+def canonical_kernel(func: Function, inputs: Sequence[Buffer | None], num_outputs: int,
+                     derived: Sequence[Compute] = ()) -> Kernel:
     """A kernel from a function whose parameters are: the operator inputs it reads (in
-    order), its ``num_outputs`` outputs, workspaces, then symbols."""
+    order), its ``num_outputs`` outputs, the buffers of ``derived``, workspaces, then
+    symbols."""
     params = set(func.buffers)
     input_ids = tuple(k for k, b in enumerate(inputs) if b is not None and b in params)
     function = canonical_names(func, len(input_ids), num_outputs)
-    workspaces = function.buffers[len(input_ids) + num_outputs:]
-    return Kernel(function, input_ids, workspaces)
+    count = len(input_ids) + num_outputs
+    renamed = function.buffers[count:count + len(derived)]
+    derived = tuple(Compute(b, c.axes, c.value) for b, c in zip(renamed, derived))
+    return Kernel(function, input_ids, function.buffers[count + len(derived):], derived)
 
 
 def canonical_names(func: Function, num_inputs: int, num_outputs: int) -> Function:

@@ -12,9 +12,12 @@ from pathlib import Path
 
 from treadle.config import config
 
-# ISA extensions treadle emits code for, in the order they are tried. AVX-512 is left out
-# on purpose: our users' machines are AVX2 + FMA, and kernels built here must run there.
-SUPPORTED_FEATURES = ("avx2", "fma")
+# ISA extensions treadle emits code for, where the machine has them. Vectors are 256 bits
+# (AVX2 + FMA) everywhere; AVX-512VL only adds 16 registers for them, room for larger
+# register tiles. Kernels are built on the machine that runs them (a saved model records
+# the features it was built for and refuses to load without them).
+SUPPORTED_FEATURES = ("avx2", "fma", "avx512f", "avx512vl")
+EXTRA_REGISTERS_FEATURE = "avx512vl"
 DEFAULT_CACHES = {1: 32 * 1024, 2: 512 * 1024, 3: 8 * 1024 * 1024}
 
 
@@ -75,4 +78,5 @@ def host() -> CpuTarget:
     flags = _cpu_flags()
     caches = _cache_sizes()
     features = tuple(f for f in SUPPORTED_FEATURES if f in flags)
-    return CpuTarget(features, caches[1], caches[2], caches[3])
+    registers = 32 if EXTRA_REGISTERS_FEATURE in features else 16
+    return CpuTarget(features, caches[1], caches[2], caches[3], registers)

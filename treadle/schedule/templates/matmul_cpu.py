@@ -27,17 +27,18 @@ sums the parts and applies the epilogue.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterator, Sequence
+from typing import Callable, Collection, Iterator, Sequence
 
 from treadle.config import config
 from treadle.errors import ScheduleConfigError
 from treadle.ir.builder import FunctionBuilder
-from treadle.ir.compute import Compute, producer_of
+from treadle.ir.compute import Compute, compute, producer_of
 from treadle.ir.dtypes import float32, float32x8
 from treadle.ir.expr import (Binary, Buffer, Cast, Const, Expr, Load, Var, broadcast, call,
                              ceil_div, eq, maximum, minimum, select)
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.mapping import repeat, spatial, unravel
+from treadle.ir.tabulate import tabulable
 from treadle.schedule.rules import Inliner, Kernel, canonical_kernel, reachable
 from treadle.target.cpu import host
 
@@ -76,6 +77,9 @@ class GemmPattern:
     # An element-wise compute applied to each result before it is stored (a bias, a
     # rounding cast), which reads the product at its own index.
     epilogue: Compute | None = None
+    # The right factor reads only constants (weights): its panels are laid out once, at
+    # compile time, instead of packed by every call (see with_constants).
+    constant_right: bool = False
 
     @property
     def output(self) -> Compute:
@@ -128,6 +132,19 @@ def match_gemm_output(out: Compute) -> GemmPattern | None:
     return replace(pattern, epilogue=epilogue)
 
 
+def with_constants(pattern: GemmPattern, constants: Collection[Buffer]) -> GemmPattern:
+    """``pattern``, its right factor marked constant when it reads only ``constants``, in
+    expressions ``tabulate`` evaluates, over static K and N and no batch axis (the panels
+    are one matrix of static size)."""
+    right, c = pattern.right, pattern.compute
+    loads = {n.buffer for n in walk(right) if isinstance(n, Load)}
+    sizes = _extents(c, pattern.n_axes) + [_static(e) for e in c.reduce_extents]
+    constant = (bool(loads) and loads <= set(constants) and tabulable(right)
+                and not free_vars(right) & set(pattern.batch_axes)
+                and all(isinstance(v, int) for v in sizes))
+    return replace(pattern, constant_right=constant)
+
+
 def _loads_only_inputs(e: Expr) -> bool:
     return all(producer_of(n.buffer) is None for n in walk(e) if isinstance(n, Load))
 
@@ -169,10 +186,9 @@ def check_config(cfg: GemmConfig, threads: int) -> None:
 
 def _check_stack(gemm: _Gemm, threads: int) -> None:
     """The config, clamped to the problem, must fit its buffers on the stack."""
-    cfg, (left_in_place, right_in_place) = gemm.cfg, _in_place(gemm)
-    a_floats = 0 if left_in_place else cfg.block_m * cfg.block_k
-    b_floats = (cfg.micro_n if right_in_place else cfg.block_n) * _panel_rows(cfg)
-    floats = a_floats + b_floats + cfg.block_m * cfg.block_n
+    cfg = gemm.cfg
+    a_floats = 0 if _in_place(gemm)[0] else cfg.block_m * cfg.block_k
+    floats = a_floats + _b_pack_floats(gemm) + cfg.block_m * cfg.block_n
     if 4 * floats > STACK_BYTES:
         raise ScheduleConfigError(f"panels and accumulator of {cfg} need {4 * floats} bytes "
                                   f"of stack, more than {STACK_BYTES}")
@@ -180,6 +196,14 @@ def _check_stack(gemm: _Gemm, threads: int) -> None:
     if cfg.split_k > 1 and workspace > STACK_BYTES:
         raise ScheduleConfigError(f"split_k={cfg.split_k} needs a {workspace}-byte workspace, "
                                   f"more than {STACK_BYTES}")
+
+
+def _b_pack_floats(gemm: _Gemm) -> int:
+    """The size of the right factor's packed panels on the stack."""
+    cfg = gemm.cfg
+    if gemm.panels is not None:
+        return 0
+    return (cfg.micro_n if _in_place(gemm)[1] else cfg.block_n) * _panel_rows(cfg)
 
 
 def _groups(cfg: GemmConfig, threads: int) -> int:
@@ -205,6 +229,7 @@ class _Gemm:
     pattern: GemmPattern
     extents: dict  # role ("batch", "m", "n", "k") -> extents of its axes
     cfg: GemmConfig
+    panels: Compute | None = None  # the right factor laid out at compile time
 
     def size(self, role: str):
         return _product(self.extents[role])
@@ -220,10 +245,14 @@ class _Gemm:
 
 
 def _clamped(cfg: GemmConfig, M, N, K) -> GemmConfig:
-    """Blocks no larger than the constant sizes they tile (no padded work on small dims)."""
+    """Blocks no larger than the constant sizes they tile (no padded work on small dims),
+    and micro-panels of A as even as the register tile allows: as many as micro_m rows
+    need, each of the fewest rows that cover M (M = 49 takes 4 of 13 rows, not 4 of 14)."""
     if isinstance(M, int):
-        cfg = replace(cfg, micro_m=max(1, min(cfg.micro_m, M)))
-        cfg = replace(cfg, block_m=min(cfg.block_m, _round_up(M, cfg.micro_m)))
+        panels = -(-max(M, 1) // cfg.micro_m)
+        micro_m = -(-max(M, 1) // panels)
+        block_m = cfg.block_m // cfg.micro_m * micro_m
+        cfg = replace(cfg, micro_m=micro_m, block_m=min(block_m, _round_up(M, micro_m)))
     if isinstance(N, int):
         cfg = replace(cfg, block_n=min(cfg.block_n, _round_up(N, cfg.micro_n)))
     if isinstance(K, int):
@@ -295,22 +324,27 @@ def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPatte
                "n": _extents(c, pattern.n_axes), "k": [_static(e) for e in c.reduce_extents]}
     sizes = [_product(extents[r]) for r in ("m", "n", "k")]
     workers = threads if cfg.split_k == 1 else _groups(cfg, threads)
+    panels = _panel_layout(pattern, extents, cfg.micro_n) if pattern.constant_right else None
     clamped = _clamped(cfg, *sizes)
-    if _in_place(_Gemm(pattern, extents, clamped))[1]:
+    if _in_place(_Gemm(pattern, extents, clamped, panels))[1]:
         clamped = _streaming(clamped, *sizes)
     clamped = _balanced(clamped, _product(extents["batch"]), *sizes[:2], workers)
     clamped = _whole_rows(clamped, extents["k"])
-    gemm = _Gemm(pattern, extents, clamped)
+    gemm = _Gemm(pattern, extents, clamped, panels)
     _check_stack(gemm, threads)
     with FunctionBuilder(name) as fb:
-        sources = [pattern.left, pattern.right]
+        sources = [pattern.left, panels.value if panels else pattern.right]
         if pattern.epilogue is not None:
             sources.append(pattern.epilogue.value)
         used = {n.buffer for e in sources for n in walk(e) if isinstance(n, Load)}
+        if panels is not None:  # read by the layout, at compile time, not by the kernel
+            used -= {n.buffer for n in walk(pattern.right) if isinstance(n, Load)}
         for buffer in inputs:
             if buffer is not None and buffer in used:
                 fb.add_param(buffer)
         out = fb.add_param(pattern.output.buffer)
+        if panels is not None:
+            fb.add_param(panels.buffer)
         symbols = {v for p in fb.params for d in p.shape for v in free_vars(d)}
         symbols |= {v for cond, _ in checks for v in free_vars(cond)}
         for var in sorted(symbols, key=lambda v: v.name):
@@ -321,7 +355,21 @@ def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPatte
             _whole_k(fb, gemm, out, threads)
         else:
             _split_k(fb, gemm, out, threads)
-    return canonical_kernel(fb.function, inputs, 1)
+    return canonical_kernel(fb.function, inputs, 1, (panels,) if panels else ())
+
+
+def _panel_layout(pattern: GemmPattern, extents: dict, nr: int) -> Compute:
+    """The constant right factor as [ceil(N / nr), K, nr]: a register tile's micro-panel
+    is one contiguous stretch, read in K order as packing would lay it out. Columns past
+    N repeat the last one (their sums are never stored)."""
+    c, N, K = pattern.compute, _product(extents["n"]), _product(extents["k"])
+
+    def element(q, k, r):
+        n = unravel(minimum(q * nr + r, N - 1), extents["n"])
+        coords = {**dict(zip(pattern.n_axes, n)),
+                  **dict(zip(c.reduce_axes, unravel(k, extents["k"])))}
+        return _f32(substitute(pattern.right, coords))
+    return compute("panels", [ceil_div(N, nr), K, nr], element)
 
 
 class _Tile:
@@ -352,11 +400,23 @@ def _whole_k(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, threads: int) -> Non
             with fb.if_(t < tiles):
                 tile = _Tile(fb, gemm, t)
                 acc = fb.buffer("acc", float32, [cfg.block_m, cfg.block_n])
-                _accumulate(fb, gemm, tile, acc, (), 0, gemm.size("k"), left)
-                for i in fb.range(tile.rows, name="i"):
-                    m = gemm.coords(fb, "m", tile.row0 + i)
-                    for j in fb.range(tile.cols, name="j"):
-                        _store(fb, gemm, out, tile, m, j, acc[i, j])
+                _accumulate(fb, gemm, tile, acc, (), 0, gemm.size("k"), left,
+                            lambda regs, p, q: _store_registers(fb, gemm, out, tile, regs, p, q))
+
+
+def _store_registers(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, tile: _Tile, regs: Buffer,
+                     p, q) -> None:
+    """Stores the finished register tile (p, q) of ``tile``, through a small buffer in L1
+    from which its elements go out one by one (where fusion puts the epilogue): the
+    results never make a round trip through the macro-tile's accumulator."""
+    cfg = gemm.cfg
+    mr, nr = cfg.micro_m, cfg.micro_n
+    finished = fb.buffer("finished", float32, [mr, nr])
+    _spill(cfg, regs, finished, (0, 0))
+    for i in fb.range(_min(mr, tile.rows - p * mr), name="i"):
+        m = gemm.coords(fb, "m", tile.row0 + p * mr + i)
+        for j in fb.range(_min(nr, tile.cols - q * nr), name="j"):
+            _store(fb, gemm, out, tile, m, q * nr + j, finished[i, j])
 
 
 def _split_k(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, threads: int) -> None:
@@ -399,9 +459,11 @@ def _store(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, tile: _Tile, m: dict, 
 
 
 def _accumulate(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, acc: Buffer, slot: tuple,
-                k_begin, k_len, left: Buffer | None = None) -> None:
+                k_begin, k_len, left: Buffer | None = None,
+                finish: Callable[[Buffer, Expr, Expr], None] | None = None) -> None:
     """acc[slot + (i, j)] = the tile's products summed over K positions
-    [k_begin, k_begin + k_len), one K block of packed panels at a time.
+    [k_begin, k_begin + k_len), one K block of packed panels at a time; with ``finish``,
+    the last K block hands each register tile (p, q) to ``finish(regs, p, q)`` instead.
 
     A factor that only one register tile reads per K block (the macro-tile is a single
     micro-panel wide in the other factor's direction: GEMV, tall-skinny shapes) is read in
@@ -410,27 +472,33 @@ def _accumulate(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, acc: Buffer, slot
     cfg = gemm.cfg
     mr, nr = cfg.micro_m, cfg.micro_n
     left_in_place, right_in_place = _in_place(gemm)
-    for kb in fb.range(_max(ceil_div(k_len, cfg.block_k), 1), name="kb"):
+    blocks = _max(ceil_div(k_len, cfg.block_k), 1)
+    for kb in fb.range(blocks, name="kb"):
         block = _k_block(fb, gemm, kb, k_begin, k_len)
         if left is not None:
             a_pack = _Slab(left, kb)
         else:
             a_pack = None if left_in_place else _pack_left(fb, gemm, tile, block)
-        # In place, the right factor's ragged last micro-panel still needs zero padding.
-        b_pack = _pack_right(fb, gemm, tile, block, ragged_only=right_in_place)
+        if gemm.panels is not None:
+            b_pack = _Panels(gemm.panels.buffer, tile.col0 // nr, block.k0)
+        else:
+            # In place, the right factor's ragged last micro-panel still needs zero padding.
+            b_pack = _pack_right(fb, gemm, tile, block, ragged_only=right_in_place)
         packed = _Operands(gemm, tile, block.k0, a_pack, b_pack,
                            0 if right_in_place else None)
         in_place = replace(packed, b_pack=None)
         for q in fb.range(ceil_div(tile.cols, nr), name="q"):
             for p in fb.range(ceil_div(tile.rows, mr), name="p"):
                 args = (fb, cfg, acc, slot + (p * mr, q * nr), eq(kb, 0), block.depth)
+                last = None if finish is None else (
+                    eq(kb, blocks - 1), lambda regs, p=p, q=q: finish(regs, p, q))
                 if right_in_place:
                     with fb.if_(q * nr + nr <= tile.cols):
-                        register_tile(*args, in_place.reader(fb, p, q))
+                        register_tile(*args, in_place.reader(fb, p, q), last)
                     with fb.else_():
-                        register_tile(*args, packed.reader(fb, p, q))
+                        register_tile(*args, packed.reader(fb, p, q), last)
                 else:
-                    register_tile(*args, packed.reader(fb, p, q))
+                    register_tile(*args, packed.reader(fb, p, q), last)
 
 
 @dataclass(frozen=True)
@@ -475,7 +543,8 @@ def _in_place(gemm: _Gemm) -> tuple[bool, bool]:
     """Whether the left and the right factor are read in place (see _accumulate)."""
     cfg = gemm.cfg
     return (cfg.block_n == cfg.micro_n,
-            cfg.block_m == cfg.micro_m and _right_vector(gemm, {}, None) is not None)
+            cfg.block_m == cfg.micro_m and gemm.panels is None
+            and _right_vector(gemm, {}, None) is not None)
 
 
 @dataclass(frozen=True)
@@ -486,7 +555,7 @@ class _Operands:
     tile: _Tile
     k0: Expr
     a_pack: Buffer | _Slab | None
-    b_pack: Buffer | None
+    b_pack: Buffer | _Panels | None
     b_panel: int | None  # the one micro-panel b_pack holds, or None for all of them
 
     def reader(self, fb: FunctionBuilder, p, q):
@@ -547,6 +616,19 @@ class _Slab:
         self.buffer[(self.block, *index)] = value
 
 
+@dataclass(frozen=True)
+class _Panels:
+    """A tile's micro-panels in the panels laid out at compile time (_panel_layout), from
+    panel ``first`` and K position ``k0``, indexed as a packed panel buffer."""
+    buffer: Buffer
+    first: Expr
+    k0: Expr
+
+    def vload(self, index: tuple, lanes: int) -> Expr:
+        panel, kk, lane = index
+        return self.buffer.vload((self.first + panel, self.k0 + kk, lane), lanes)
+
+
 def _one_row_of_tiles(gemm: _Gemm) -> bool:
     """Whether every macro-tile spans the same rows (constant M within one block, no batch)
     and a thread can keep the left factor packed for all of K beside its other panels: it
@@ -558,7 +640,7 @@ def _one_row_of_tiles(gemm: _Gemm) -> bool:
             and _num_tiles(gemm) > 1):
         return False
     floats = (ceil_div(K, cfg.block_k) * cfg.block_m * cfg.block_k
-              + cfg.block_n * _panel_rows(cfg) + cfg.block_m * cfg.block_n)
+              + _b_pack_floats(gemm) + cfg.block_m * cfg.block_n)
     return 4 * floats <= STACK_BYTES
 
 
@@ -667,10 +749,12 @@ def _panel_rows(cfg: GemmConfig) -> int:
 
 
 def register_tile(fb: FunctionBuilder, cfg: GemmConfig, acc: Buffer, origin: tuple, first,
-                  depth, step) -> None:
+                  depth, step, last: tuple | None = None) -> None:
     """acc[origin + (r, c)] (+)= the sum over kk < depth of a(r) * b(c), in a fully unrolled
     micro_m x micro_n tile of vector registers; ``step(kk)`` gives the operand readers
-    ``a_of(r)`` (a scalar) and ``b_of(v)`` (the v-th vector of the row of B)."""
+    ``a_of(r)`` (a scalar) and ``b_of(v)`` (the v-th vector of the row of B). With
+    ``last`` = (condition, finish), where the condition holds the registers go to
+    ``finish(regs)`` instead of acc."""
     mr, vectors = cfg.micro_m, cfg.micro_n // LANES
     registers = repeat(mr, vectors, kind="unroll")
     *slot, row, col = origin
@@ -685,5 +769,18 @@ def register_tile(fb: FunctionBuilder, cfg: GemmConfig, acc: Buffer, origin: tup
         a_of, b_of = step(kk)
         for r, v in registers.on(0):
             regs[r, v] = call("fma", broadcast(a_of(r), LANES), b_of(v), regs[r, v])
-    for r, v in registers.on(0):
-        acc[(*slot, row + r, col + v * LANES)] = regs[r, v]
+    if last is None:
+        _spill(cfg, regs, acc, origin)
+        return
+    done, finish = last
+    with fb.if_(done):
+        finish(regs)
+    with fb.else_():
+        _spill(cfg, regs, acc, origin)
+
+
+def _spill(cfg: GemmConfig, regs: Buffer, into: Buffer, origin: tuple) -> None:
+    """into[origin + (r, c)] = the register tile's vectors."""
+    *slot, row, col = origin
+    for r, v in repeat(cfg.micro_m, cfg.micro_n // LANES, kind="unroll").on(0):
+        into[(*slot, row + r, col + v * LANES)] = regs[r, v]

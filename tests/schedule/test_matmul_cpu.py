@@ -247,3 +247,19 @@ def test_right_factor_with_a_batch_axis_or_input_is_packed_per_call():
     x, y = Buffer("x", float32, (4, 3, 5)), Buffer("y", float32, (4, 5, 6))
     batched = reduce("bmm", [4, 3, 6], [5], lambda i, j, l, r: x[i, j, r] * y[i, r, l])
     assert not with_constants(match_gemm(batched), [y]).constant_right
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_constant_right_factor_streamed_in_one_pass(m):
+    """A GEMV-like product over laid-out weights takes all of a long, prime K in one block."""
+    k, n = 1031, 53
+    a, w = Buffer("a", float32, (m, k)), Buffer("w", float32, (k, n))
+    c = reduce("c", [m, n], [k], lambda i, j, r: a[i, r] * w[r, j])
+    wv = random_array((k, n), seed=3)
+    kernel, panels = _laid_out_once([a, w], c, {w: wv}, GemmConfig())
+    # One K block: the left factor's panels are [1 block, 1 micro-panel, K, m].
+    assert f"float32[1, 1, {k}, {m}]" in str(kernel.function)
+    x = random_array((m, k), seed=4)
+    out = np.full((m, n), np.nan, np.float32)
+    kernel(x, out, panels)
+    assert_close(out, x @ wv, reduction=k)

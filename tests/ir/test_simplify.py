@@ -34,6 +34,8 @@ def simplified(expr, ranges=RANGES) -> str:
     (w % 8 % 8, "w % 8"),
     ((i * 8 + j) // 16, "i // 2"),
     ((i * 4 + 2) // 8, "i // 2"),
+    ((i * 16 + j) % 64, "i % 4 * 16 + j"),  # a column of a head, columns split into heads
+    ((i * 8 + j + 16) % 32, "(i + 2) % 4 * 8 + j"),
     ((k * 4 + 2) // 8, "(k * 2 + 1) // 4"),  # a common factor goes, whatever the sign
     ((i * 8 + 16) // 8, "i + 2"),
     ((i * 8 + j + 8) % 8, "j"),

@@ -32,6 +32,7 @@ from treadle.ir.dtypes import DataType
 from treadle.ir.expr import (BIT_OPS, COMPARE_OPS, LOGIC_OPS, Binary, Broadcast, Buffer, Call,
                              Cast, Const, Expr, Load, Select, Unary, Var, as_expr)
 from treadle.ir.functor import walk
+from treadle.ir.simplify import simplify_expr
 from treadle.ir.compute import combine
 from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, Evaluate, For, ForTask,
                              Function, If, Let, Seq, Stmt, Store)
@@ -584,7 +585,9 @@ class _FunctionPrinter:
                           f"rank {buffer.rank}")
         if buffer.rank == 0 and buffer.scope != "global":
             return name, PRIMARY  # a local scalar is a plain C variable
-        index = self.text(_flat_index(buffer.shape, indices))
+        # Simplified once flat: digits split by the schedule (a row of K merging a filter
+        # row with its channels) add back up to the contiguous offset they came from.
+        index = self.text(simplify_expr(_flat_index(buffer.shape, indices)))
         if lanes == 1:
             return f"{name}[{index}]", PRIMARY
         vector = self.type(buffer.dtype.with_lanes(lanes))

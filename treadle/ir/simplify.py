@@ -306,19 +306,41 @@ def _mod_split(e: Binary, ranges: Ranges) -> Expr | None:
     return None if parts is None else Binary("%", parts[1], e.b)
 
 
-def _div_coarse(e: Binary, ranges: Ranges) -> Expr | None:
-    # (x*a + r) // (a*b) -> x // b when x*a + r >= 0 and 0 <= r < a: (i*8 + j) // 16 -> i // 2
+def _coarse(e: Binary, ranges: Ranges) -> tuple[Expr, Expr, int] | None:
+    """(x, r, a) with the dividend of ``e`` == x*a + r, x*a + r >= 0, 0 <= r < a and a a
+    proper divisor of e's constant divisor c."""
     c = _divisor(e)
     if c is None or not bound(e.a, ranges).signs() <= {0, 1}:
         return None
     form = _linear(e.a, e.dtype)
     for a in sorted({math.gcd(k, c) for k in form.terms.values()} - {1, c}):
         x = _Sum({t: k // a for t, k in form.terms.items() if k % a == 0}, form.const // a)
-        r = _Sum({t: k for t, k in form.terms.items() if k % a}, form.const % a)
-        lo, hi = bound(_build(r, e.dtype), ranges).ends()
+        r = _build(_Sum({t: k for t, k in form.terms.items() if k % a}, form.const % a),
+                   e.dtype)
+        lo, hi = bound(r, ranges).ends()
         if x.terms and 0 <= lo and hi < a:
-            return Binary("//", _build(x, e.dtype), Const(c // a, e.dtype))
+            return _build(x, e.dtype), r, a
     return None
+
+
+def _div_coarse(e: Binary, ranges: Ranges) -> Expr | None:
+    # (x*a + r) // (a*b) -> x // b when x*a + r >= 0 and 0 <= r < a: (i*8 + j) // 16 -> i // 2
+    parts = _coarse(e, ranges)
+    if parts is None:
+        return None
+    x, _, a = parts
+    return Binary("//", x, Const(e.b.value // a, e.dtype))
+
+
+def _mod_coarse(e: Binary, ranges: Ranges) -> Expr | None:
+    # (x*a + r) % (a*b) -> x % b * a + r when x*a + r >= 0 and 0 <= r < a:
+    # (i*16 + j) % 64 -> i % 4 * 16 + j, j < 16
+    parts = _coarse(e, ranges)
+    if parts is None:
+        return None
+    x, r, a = parts
+    digit = Binary("%", x, Const(e.b.value // a, e.dtype))
+    return Binary("+", Binary("*", digit, Const(a, e.dtype)), r)
 
 
 def _div_div(e: Binary, ranges: Ranges) -> Expr | None:
@@ -427,7 +449,8 @@ RULES: dict[str, list[Rule]] = {
     "/": [_fold, _float_unit],
     "//": [_fold, _div_exact, _div_symbolic_factor, _div_small, _div_common_factor, _div_split,
            _div_coarse, _div_div, _mod_div],
-    "%": [_fold, _div_exact, _div_symbolic_factor, _mod_small, _mod_split, _mod_mod],
+    "%": [_fold, _div_exact, _div_symbolic_factor, _mod_small, _mod_split, _mod_coarse,
+          _mod_mod],
     "min": [_fold, _same_operands, _minmax_by_range],
     "max": [_fold, _same_operands, _minmax_by_range],
     **{op: [_fold, _compare_by_range] for op in TRUE_SIGNS},

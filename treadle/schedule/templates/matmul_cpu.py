@@ -314,11 +314,31 @@ def _balanced(cfg: GemmConfig, batch, M, N, workers: int) -> GemmConfig:
     return replace(cfg, block_m=bm, block_n=bn)
 
 
+# Positions in a row of K that packing walks without dividing; a shorter innermost axis
+# is merged with the next ones out (see _row).
+MIN_ROW = 16
+
+
+def _row(k_extents: Sequence) -> tuple[int, int] | None:
+    """(axes, width): how many innermost of several K axes packing walks as one row (see
+    _k_walk), and the row's length. The innermost axis (a convolution's input channels)
+    alone, or merged with the next ones out while shorter than MIN_ROW: the 3 channels of
+    an image make rows of 3 x kernel width, one contiguous stretch of a channels-last
+    input, whose coordinates the simplifier folds back into the address."""
+    count, width = 0, 1
+    for extent in reversed(k_extents[1:]):  # at least one axis stays outside the row
+        if not isinstance(extent, int):
+            break
+        count, width = count + 1, width * extent
+        if width >= MIN_ROW:
+            break
+    return (count, width) if count else None
+
+
 def _row_width(k_extents: Sequence) -> int | None:
-    """The constant extent of the innermost of several K axes (a convolution's input
-    channels): the length of a row that packing walks without dividing (see _k_walk)."""
-    width = k_extents[-1] if len(k_extents) > 1 else None
-    return width if isinstance(width, int) else None
+    """The length of a row of K positions packing walks without dividing, if any."""
+    row = _row(k_extents)
+    return None if row is None else row[1]
 
 
 def _whole_rows(cfg: GemmConfig, k_extents: Sequence) -> GemmConfig:
@@ -400,7 +420,9 @@ class _Tile:
         tiles_n = ceil_div(gemm.size("n"), cfg.block_n)
         self.batch = gemm.coords(fb, "batch", tile // (tiles_m * tiles_n))
         self.row0 = fb.let("row0", tile % (tiles_m * tiles_n) // tiles_n * cfg.block_m)
-        self.col0 = fb.let("col0", tile % tiles_n * cfg.block_n)
+        # An expression, not a let: the epilogue's index arithmetic (a reshape splitting N)
+        # simplifies only where it sees col0 is a multiple of block_n (see _store_rows).
+        self.col0 = tile % tiles_n * cfg.block_n
         self.rows = fb.let("rows", _min(cfg.block_m, gemm.size("m") - self.row0))
         self.cols = fb.let("cols", _min(cfg.block_n, gemm.size("n") - self.col0))
 
@@ -428,11 +450,15 @@ def _store_rows(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, tile: _Tile, rows
     """Stores the finished rows of micro-panel p of ``tile`` from ``rows`` (in L1), one
     element at a time, where fusion puts the epilogue: results never make a round trip
     through the macro-tile's accumulator, and each output row goes out in one stretch."""
-    mr = gemm.cfg.micro_m
+    mr, nr = gemm.cfg.micro_m, gemm.cfg.micro_n
     for i in fb.range(_min(mr, tile.rows - p * mr), name="i"):
         m = gemm.coords(fb, "m", tile.row0 + p * mr + i)
-        for j in fb.range(tile.cols, name="j"):
-            _store(fb, gemm, out, tile, m, j, rows[i, j])
+        # By micro-panels of columns: an epilogue that splits N (a reshape into heads)
+        # divides col0 + q * micro_n + c, which simplifies to per-panel quotients, so the
+        # stores along c stay contiguous and vectorise.
+        for q in fb.range(ceil_div(tile.cols, nr), name="q"):
+            for c in fb.range(_min(nr, tile.cols - q * nr), name="c"):
+                _store(fb, gemm, out, tile, m, q * nr + c, rows[i, q * nr + c])
 
 
 def _split_k(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, threads: int) -> None:
@@ -548,20 +574,21 @@ def _k_block(fb: FunctionBuilder, gemm: _Gemm, kb, k_begin, k_len) -> _KBlock:
 
 def _k_walk(fb: FunctionBuilder, gemm: _Gemm, block: _KBlock) -> Iterator[tuple[Expr, dict]]:
     """(kk, coordinates of K position k0 + kk) for every kk < depth. A block of whole rows
-    of the innermost K axis is walked as two loops, over rows and along each, so the
-    coordinates cost a division per row rather than per position (a 3x3 convolution's
-    packing spent most of its time dividing)."""
+    (see _row) is walked as two loops, over rows and along each, so the outer coordinates
+    cost a division per row rather than per position (a 3x3 convolution's packing spent
+    most of its time dividing)."""
     if block.first_row is None:
         for kk in fb.range(block.depth, name="kk"):
             yield kk, gemm.coords(fb, "k", block.k0 + kk)
         return
     axes, extents = gemm.pattern.compute.reduce_axes, gemm.extents["k"]
-    width = extents[-1]
+    count, width = _row(extents)
     for row in fb.range(ceil_div(block.depth, width), name="krow"):
-        outer = unravel(block.first_row + row, extents[:-1])
-        coords = {a: fb.let(a.name, v) for a, v in zip(axes[:-1], outer)}
+        outer = unravel(block.first_row + row, extents[:-count])
+        coords = {a: fb.let(a.name, v) for a, v in zip(axes[:-count], outer)}
         for col in fb.range(_min(width, block.depth - row * width), name="kcol"):
-            yield fb.let("kk", row * width + col), {**coords, axes[-1]: col}
+            inner = dict(zip(axes[-count:], unravel(col, extents[-count:])))
+            yield fb.let("kk", row * width + col), {**coords, **inner}
 
 
 def _in_place(gemm: _Gemm) -> tuple[bool, bool]:

@@ -585,9 +585,7 @@ class _FunctionPrinter:
                           f"rank {buffer.rank}")
         if buffer.rank == 0 and buffer.scope != "global":
             return name, PRIMARY  # a local scalar is a plain C variable
-        # Simplified once flat: digits split by the schedule (a row of K merging a filter
-        # row with its channels) add back up to the contiguous offset they came from.
-        index = self.text(simplify_expr(_flat_index(buffer.shape, indices)))
+        index = self.text(_offset(buffer.shape, indices))
         if lanes == 1:
             return f"{name}[{index}]", PRIMARY
         vector = self.type(buffer.dtype.with_lanes(lanes))
@@ -614,6 +612,22 @@ class _FunctionPrinter:
             label = key.__name__ if isinstance(key, type) else repr(key)
             raise IRError(f"the C backend has no entry for {label} in table {table_name}") \
                 from None
+
+
+def _offset(shape: Sequence[Expr], indices: Sequence[Expr]) -> Expr:
+    """The flat offset, simplified where that saves divisions: digits the schedule split
+    (a row of K merging a filter row with its channels) add back up to the contiguous
+    offset they came from. Otherwise as written, which the C compiler strength-reduces
+    best (simplifying every offset made ResNet-50 8% slower)."""
+    flat = _flat_index(shape, indices)
+    if _divisions(flat) == 0:
+        return flat
+    simplified = simplify_expr(flat)
+    return simplified if _divisions(simplified) < _divisions(flat) else flat
+
+
+def _divisions(e: Expr) -> int:
+    return sum(1 for n in walk(e) if isinstance(n, Binary) and n.op in ("//", "%"))
 
 
 def _flat_index(shape: Sequence[Expr], indices: Sequence[Expr]) -> Expr:

@@ -142,6 +142,12 @@ class Operator:
     def opdef(self) -> OpDef:
         return lookup(self.op_type)
 
+    @property
+    def constant_inputs(self) -> dict[Buffer, np.ndarray]:
+        """The data of the inputs that are constants, by the buffer the definition reads."""
+        return {b: t.data for b, t in zip(self.input_buffers, self.inputs)
+                if b is not None and t is not None and t.is_constant}
+
     def __repr__(self) -> str:
         ins = ", ".join("-" if t is None else t.name for t in self.inputs)
         outs = ", ".join(t.name for t in self.outputs)

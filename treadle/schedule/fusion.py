@@ -82,9 +82,7 @@ def _fused(group: Group, name: str, tune: int) -> FusedKernel:
 
 def _derived_constants(op: Operator, computes: Sequence[Compute], name: str) -> list[Tensor]:
     """The constants a schedule reads in its own layout, tabulated from ``op``'s."""
-    arrays = {b: t.data for b, t in zip(op.input_buffers, op.inputs)
-              if b is not None and t is not None and t.is_constant}
-    tables = [tabulate(c, arrays) for c in computes]
+    tables = [tabulate(c, op.constant_inputs) for c in computes]
     return [Tensor(f"{name}/{c.buffer.name}", c.dtype, table.shape, table)
             for c, table in zip(computes, tables)]
 

@@ -1,9 +1,9 @@
 """Which schedule an operator gets: a template when its compute definition matches one
 (GEMM, then sliding window), otherwise the rule-based schedule. Templates recognise
 computes, not operator names, except for operators that only exist as the input format of
-one algorithm (Winograd convolution), which bring their own. ``tune`` is the tuning level of template configurations
-(see ``treadle.tune``): 0 takes the analytic default, 1 and 2 measure a small or the full
-space, or replay a record."""
+one algorithm (Winograd convolution), which bring their own. ``tune`` is the tuning level
+of template configurations (see ``treadle.tune``): 0 takes the analytic default, 1 and 2
+measure a small or the full space, or replay a record."""
 from __future__ import annotations
 
 from treadle.graph.operator import Operator
@@ -31,9 +31,7 @@ def schedule_operator(op: Operator, name: str, tune: int = 0) -> Kernel:
     if len(op.definition) == 1:
         pattern = match_gemm_output(op.definition[0])
         if pattern is not None and _wide_enough(pattern):
-            constants = [b for b, t in zip(op.input_buffers, op.inputs)
-                         if b is not None and t is not None and t.is_constant]
-            pattern = with_constants(pattern, constants)
+            pattern = with_constants(pattern, op.constant_inputs)
             cfg = tune_gemm(name, op.input_buffers, pattern, tune)
             return schedule_gemm(name, op.input_buffers, pattern, cfg, op.checks)
         window = match_window(op.definition[0])

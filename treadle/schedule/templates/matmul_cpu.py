@@ -335,17 +335,11 @@ def _row(k_extents: Sequence) -> tuple[int, int] | None:
     return (count, width) if count else None
 
 
-def _row_width(k_extents: Sequence) -> int | None:
-    """The length of a row of K positions packing walks without dividing, if any."""
-    row = _row(k_extents)
-    return None if row is None else row[1]
-
-
 def _whole_rows(cfg: GemmConfig, k_extents: Sequence) -> GemmConfig:
     """A K block of whole rows, where one fits."""
-    width = _row_width(k_extents)
-    if width is not None and width <= cfg.block_k:
-        return replace(cfg, block_k=cfg.block_k // width * width)
+    row = _row(k_extents)
+    if row is not None and row[1] <= cfg.block_k:
+        return replace(cfg, block_k=cfg.block_k // row[1] * row[1])
     return cfg
 
 
@@ -566,10 +560,10 @@ def _k_block(fb: FunctionBuilder, gemm: _Gemm, kb, k_begin, k_len) -> _KBlock:
     block_k = gemm.cfg.block_k
     k0 = fb.let("k0", k_begin + kb * block_k)
     depth = fb.let("depth", _max(_min(block_k, k_len - kb * block_k), 0))
-    width = _row_width(gemm.extents["k"])
-    whole = (width is not None and block_k % width == 0
+    row = _row(gemm.extents["k"])
+    whole = (row is not None and block_k % row[1] == 0
              and isinstance(k_begin, int) and k_begin == 0)
-    return _KBlock(k0, depth, kb * (block_k // width) if whole else None)
+    return _KBlock(k0, depth, kb * (block_k // row[1]) if whole else None)
 
 
 def _k_walk(fb: FunctionBuilder, gemm: _Gemm, block: _KBlock) -> Iterator[tuple[Expr, dict]]:

@@ -51,6 +51,29 @@ def test_conv_bn_relu_is_one_kernel(channels, size, padding):
     assert_close(exe(x)[0], reference_conv_bn_relu(x, padding, *params), reduction=27)
 
 
+@pytest.mark.parametrize("batch,size,padding", [(1, 7, 1), (2, 13, 2), (symbol("n"), 11, 1)])
+@pytest.mark.parametrize("escapes", [False, True])
+def test_padding_is_the_producers_epilogue(batch, size, padding, escapes):
+    """A 1x1 convolution + ReLU feeding a padded 3x3 one: the first kernel stores into the
+    padded tensor and fills its border, so no padding kernel runs; where the unpadded
+    result is also a graph output, the kernel writes both."""
+    x = ops.input("x", "float32", [batch, 5, size, size])
+    w1, w2 = random_array([11, 5, 1, 1], seed=1), random_array([7, 11, 3, 3], seed=2)
+    y = ops.relu(ops.conv2d(x, ops.constant(w1), name="conv1"))
+    z = ops.conv2d(y, ops.constant(w2), padding=padding, name="conv2")
+    exe = compile_graph(ops.graph([x], [z, y] if escapes else [z]))
+    assert kernels(exe) == ["conv1", "conv2"]
+    torch = pytest.importorskip("torch")
+    for n in ([1, 3] if not isinstance(batch, int) else [batch]):
+        xv = random_array([n, 5, size, size], seed=n)
+        yv = torch.relu(torch.nn.functional.conv2d(torch.from_numpy(xv), torch.from_numpy(w1)))
+        zv = torch.nn.functional.conv2d(yv, torch.from_numpy(w2), padding=padding)
+        results = exe(xv)
+        assert_close(results[0], zv.numpy(), reduction=99, context=f"batch={n}")
+        if escapes:
+            assert_close(results[1], yv.numpy(), reduction=5, context=f"batch={n}")
+
+
 def dense_gelu(rows, hidden: int, width: int):
     """A BERT feed-forward dense layer with GELU written as ONNX exports it: the biased
     product feeds both the erf branch and the final multiply."""

@@ -1,7 +1,6 @@
 """The GEMM template on computes it was never told about: matmul, batched matmul with
 broadcasting, convolution as implicit GEMM, a fused epilogue — against numpy, over
 several schedule configs (split_k included); invalid configs raise ScheduleConfigError."""
-import re
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from treadle.errors import ScheduleConfigError
 from treadle.ir.compute import compute, reduce
 from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Var, logical_and, maximum, select
+from treadle.ir.functor import evaluate
 from treadle.runtime.module import compile_function
 from treadle.ir.tabulate import tabulate
 from treadle.schedule.templates.matmul_cpu import (GemmConfig, match_gemm, match_gemm_output,
@@ -27,9 +27,22 @@ CONFIGS = [GemmConfig(), GemmConfig(12, 32, 5, 6, 16), GemmConfig(8, 48, 16, 4, 
 
 
 def build(inputs, out, cfg=GemmConfig()):
+    """The kernel as f(*inputs, output, **symbols)."""
     pattern = match_gemm_output(out)
     assert pattern is not None
-    return compile_function(schedule_gemm("gemm", inputs, pattern, cfg).function)
+    return runner(schedule_gemm("gemm", inputs, pattern, cfg))
+
+
+def runner(kernel):
+    """``kernel`` as f(*arrays, **symbols), its workspaces allocated (full of NaN) per call."""
+    function = compile_function(kernel.function)
+
+    def run(*arrays, **symbols):
+        scratch = [np.full([evaluate(d) for d in w.shape], np.nan, w.dtype.numpy)
+                   for w in kernel.workspaces]
+        function(*arrays, *scratch, **symbols)
+    run.kernel = kernel
+    return run
 
 
 def symbolic_matmul():
@@ -182,16 +195,18 @@ def test_symbolic_condition_becomes_a_kernel_assert():
     (128, 768, 64, GemmConfig(144, 192, 32, 4, 24)),  # a BERT-like row of tiles
 ])
 def test_left_packed_once_for_a_row_of_tiles(m, n, k, cfg):
-    """Constant M within one block: each thread packs A for all of K once and every tile
-    reads those panels."""
+    """Constant M within one block: the threads pack A for all of K once, together, into
+    a workspace, and every tile reads those panels."""
     a, b = Buffer("a", float32, (m, k)), Buffer("b", float32, (k, n))
     c = reduce("c", [m, n], [k], lambda i, j, r: a[i, r] * b[r, j])
-    function = schedule_gemm("gemm", [a, b], match_gemm(c), cfg).function
-    # The panels of every K block: [blocks, block_m / micro_m, block_k, micro_m].
-    assert re.search(r"float32\[\d+, \d+, \d+, \d+\]", str(function))
+    kernel = schedule_gemm("gemm", [a, b], match_gemm(c), cfg)
+    # The panels of every K block: [blocks, panels of rows, block_k, rows of a panel].
+    (workspace,) = kernel.workspaces
+    blocks, panels, depth, rows = [evaluate(d) for d in workspace.shape]
+    assert blocks * depth >= k and panels * rows >= m
     x, y = random_array((m, k), seed=m), random_array((k, n), seed=n)
     out = np.full((m, n), np.nan, np.float32)
-    compile_function(function)(x, y, out)
+    runner(kernel)(x, y, out)
     assert_close(out, x @ y, reduction=k)
 
 
@@ -203,7 +218,7 @@ def _laid_out_once(inputs, out, constants, cfg):
     kernel = schedule_gemm("gemm", inputs, pattern, cfg)
     assert len(kernel.derived) == 1
     assert not set(constants) & set(kernel.function.buffers)  # read via the layout only
-    return compile_function(kernel.function), tabulate(kernel.derived[0], constants)
+    return runner(kernel), tabulate(kernel.derived[0], constants)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
@@ -258,7 +273,7 @@ def test_constant_right_factor_streamed_in_one_pass(m):
     wv = random_array((k, n), seed=3)
     kernel, panels = _laid_out_once([a, w], c, {w: wv}, GemmConfig())
     # One K block: the left factor's panels are [1 block, 1 micro-panel, K, m].
-    assert f"float32[1, 1, {k}, {m}]" in str(kernel.function)
+    assert f"float32[1, 1, {k}, {m}]" in str(kernel.kernel.function)
     x = random_array((m, k), seed=4)
     out = np.full((m, n), np.nan, np.float32)
     kernel(x, out, panels)

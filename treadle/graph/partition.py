@@ -11,7 +11,9 @@ rules, plus the operators fused into it after scheduling:
   two anchors is computed once, as the first one's epilogue.
 * prologues: injective groups (every operator computes each output element from its
   inputs without reducing) whose results only one other group reads; they are inlined at
-  that group's loads. Padding stays a kernel of its own (``MATERIALISED``).
+  that group's loads. Padding is never inlined into a reader (``MATERIALISED``); a
+  constant padding of an anchor's result is its last epilogue instead: the kernel stores
+  each element at its padded position and fills the border itself (``padding_of``).
 
 A group may produce several tensors: the last epilogue's result and any in-group tensor
 that something outside the group still reads. Groups never form a cycle: an operator joins
@@ -26,7 +28,8 @@ from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator
 from treadle.graph.tensor import Tensor
 from treadle.ir.compute import Compute
-from treadle.ir.expr import Expr, Load, as_expr
+from treadle.ir.expr import Const, Expr, Load, Select, as_expr
+from treadle.ir.simplify import simplify_expr
 from treadle.schedule.rules import reachable
 
 
@@ -69,6 +72,32 @@ def is_injective(op: Operator) -> bool:
     if is_view(op) or len(op.definition) != 1:
         return False
     return not any(c.is_reduction for c in reachable(op.definition).values())
+
+
+@dataclass(frozen=True)
+class Padding:
+    """An operator whose element at index i is its input's at i - ``before``, and
+    ``fill`` past the input's edges."""
+    before: tuple[int, ...]
+    fill: Const
+
+
+def padding_of(op: Operator) -> Padding | None:
+    """The padding a constant-mode Pad (with a constant fill) applies, read off its
+    definition ``select(inside, x[i - before], fill)``; None for any other operator."""
+    if op.op_type != "Pad" or len(op.definition) != 1:
+        return None
+    out = op.definition[0]
+    value = out.value
+    if not (isinstance(value, Select) and isinstance(value.then, Load)
+            and isinstance(value.otherwise, Const)
+            and value.then.buffer == op.input_buffers[0]
+            and len(value.then.indices) == len(out.axes)):
+        return None
+    offsets = [simplify_expr(axis - index) for axis, index in zip(out.axes, value.then.indices)]
+    if not all(isinstance(o, Const) and o.value >= 0 for o in offsets):
+        return None  # a crop, or a mode that folds positions back (edge, reflect, wrap)
+    return Padding(tuple(int(o.value) for o in offsets), value.otherwise)
 
 
 def reads_one_to_one(op: Operator, tensors: set[int]) -> bool:
@@ -142,8 +171,9 @@ class _Partitioner:
                 if self._can_be_epilogue(op, group, produced):
                     group.epilogues.append(op)
                     self.group_of[id(op)] = group
-                    produced.add(id(op.outputs[0]))
-                    frontier.append(op.outputs[0])
+                    if padding_of(op) is None:  # the border is no element of the anchor's
+                        produced.add(id(op.outputs[0]))
+                        frontier.append(op.outputs[0])
         self._drop_trailing_views(group)
 
     def _drop_trailing_views(self, group: Group) -> None:
@@ -161,7 +191,7 @@ class _Partitioner:
     def _can_be_epilogue(self, op: Operator, group: Group, produced: set[int]) -> bool:
         if id(op) in self.group_of:
             return False
-        if is_view(op):
+        if is_view(op) or padding_of(op) is not None:
             return id(op.inputs[0]) in produced
         if not is_injective(op):
             return False

@@ -10,6 +10,8 @@ program afterwards. No schedule knows what is fused into it.
   store per tensor the group writes, each computed from that value by the epilogues.
   Epilogues read in-group tensors at their own index (see ``graph.partition``), so the
   stored element's indices are theirs, up to the reshapes in between, which map them.
+  A padding epilogue shifts the index, and the kernel first fills the padded tensor's
+  border, so no padded copy is made.
 
 A schedule that loads a prologue's tensor or stores the anchor's output as a vector, or
 reads its own output back, cannot take the substitution: ``FusionError``, and the caller
@@ -23,14 +25,16 @@ from typing import Sequence
 
 from treadle.errors import TreadleError
 from treadle.graph.operator import Operator
-from treadle.graph.partition import Group, element_map, is_view
-from treadle.graph.tensor import Tensor
+from treadle.graph.partition import Group, Padding, element_map, is_view, padding_of
+from treadle.graph.tensor import Dim, Tensor
 from treadle.ir.compute import Compute
+from treadle.ir.dtypes import index_type
 from treadle.ir.expr import Buffer, Expr, Load, Var, as_expr
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.mapping import ravel, unravel
 from treadle.ir.tabulate import tabulate
-from treadle.ir.stmt import Assert, Function, Let, Seq, Stmt, Store
+from treadle.ir.simplify import simplify_expr
+from treadle.ir.stmt import Assert, For, Function, Let, Seq, Stmt, Store
 from treadle.schedule.operator import schedule_operator
 from treadle.schedule.rules import Inliner, bound_vars, canonical_names, reachable
 
@@ -141,12 +145,20 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
     # the anchor's element at ``axes`` gives.
     values: dict[int, Expr] = {id(anchor): stored}
     index_of: dict[int, tuple[Expr, ...]] = {id(anchor): axes}
+    borders = []
     for op in group.epilogues:
-        out = op.outputs[0]
+        out, padding = op.outputs[0], padding_of(op)
         if is_view(op):
             source = op.inputs[0]
             values[id(out)] = values[id(source)]
             index_of[id(out)] = unravel(ravel(index_of[id(source)], source.shape), out.shape)
+            continue
+        if padding is not None:
+            source = op.inputs[0]
+            values[id(out)] = values[id(source)]
+            index_of[id(out)] = tuple(i + b if b else i for i, b in zip(index_of[id(source)],
+                                                            padding.before))
+            borders.append(_fill_border(buffers.of(out), source.shape, padding))
             continue
         tensor_of = dict(zip(op.input_buffers, op.inputs))
         indices = {_index_through(load, op.definition[0], index_of[id(tensor_of[load.buffer])])
@@ -173,7 +185,30 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
         writes = [Store(buffers.of(t), tuple(substitute(i, env) for i in index_of[id(t)]),
                         substitute(values[id(t)], env)) for t in group.outputs]
         return Seq((Let(var, node.value), *writes))
-    return rewrite(body, visit)
+    return Seq((*borders, rewrite(body, visit)))
+
+
+def _fill_border(buffer: Buffer, inner: Sequence[Dim], padding: Padding) -> Stmt:
+    """Stores the fill at every index of ``buffer`` outside the box of ``inner`` elements
+    from ``padding.before``: for each dimension d, the slab before the box and the one
+    after it, spanning the box in the dimensions before d and everything in those after
+    (disjoint slabs, each a loop nest over contiguous rows)."""
+    shape, before = buffer.shape, padding.before
+    nests = []
+    for d in range(len(shape)):
+        after = simplify_expr(as_expr(shape[d]) - before[d] - inner[d])
+        for start, extent in ((as_expr(0), as_expr(before[d])), (as_expr(before[d] + inner[d]), after)):
+            if extent == as_expr(0):
+                continue
+            axes = [Var(f"b{j}", index_type) for j in range(len(shape))]
+            index = ([a + b for a, b in zip(axes[:d], before[:d])] + [axes[d] + start]
+                     + axes[d + 1:])
+            extents = [*inner[:d], extent, *shape[d + 1:]]
+            nest: Stmt = Store(buffer, tuple(index), padding.fill)
+            for axis, e in reversed(list(zip(axes, extents))):
+                nest = For(axis, as_expr(e), nest)
+            nests.append(nest)
+    return Seq(tuple(nests))
 
 
 def _index_through(load: Load, c: Compute, source: tuple[Expr, ...]) -> tuple[Expr, ...]:

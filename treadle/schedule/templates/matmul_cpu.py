@@ -378,6 +378,7 @@ def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPatte
         out = fb.add_param(pattern.output.buffer)
         if panels is not None:
             fb.add_param(panels.buffer)
+        left = fb.add_param(_whole_left_buffer(gemm)) if _one_row_of_tiles(gemm) else None
         symbols = {v for p in fb.params for d in p.shape for v in free_vars(d)}
         symbols |= {v for cond, _ in checks for v in free_vars(cond)}
         for var in sorted(symbols, key=lambda v: v.name):
@@ -385,7 +386,7 @@ def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPatte
         for cond, message in checks:
             fb.assert_(cond, message)
         if gemm.cfg.split_k == 1:
-            _whole_k(fb, gemm, out, threads)
+            _whole_k(fb, gemm, out, threads, left)
         else:
             _split_k(fb, gemm, out, threads)
     return canonical_kernel(fb.function, inputs, 1, (panels,) if panels else ())
@@ -427,10 +428,12 @@ def _num_tiles(gemm: _Gemm):
             * ceil_div(gemm.size("n"), cfg.block_n))
 
 
-def _whole_k(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, threads: int) -> None:
+def _whole_k(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, threads: int,
+             left: Buffer | None) -> None:
     cfg, tiles = gemm.cfg, _num_tiles(gemm)
+    if left is not None:
+        _pack_whole_left(fb, gemm, left, threads)
     for thread in fb.range(threads, kind="parallel", name="thread"):
-        left = _pack_whole_left(fb, gemm) if _one_row_of_tiles(gemm) else None
         for (t,) in (repeat(ceil_div(tiles, threads)) * spatial(threads)).on(thread):
             with fb.if_(t < tiles):
                 tile = _Tile(fb, gemm, t)
@@ -677,30 +680,38 @@ class _Panels:
 
 def _one_row_of_tiles(gemm: _Gemm) -> bool:
     """Whether every macro-tile spans the same rows (constant M within one block, no batch)
-    and a thread can keep the left factor packed for all of K beside its other panels: it
-    then packs A once instead of once per tile (a 128 x 768 x 3072 dense layer re-packed
-    A for each of its N tiles)."""
+    and the left factor packed for all of K stays in the cores' L2 caches: the threads
+    then pack A once, together, instead of once per tile each (a 128 x 768 x 3072 dense
+    layer re-packed A for each of its N tiles; a 7x7x512 3x3 convolution, 49 x 4608,
+    spent a fifth of its time packing all of A on both threads)."""
     cfg, M, K = gemm.cfg, gemm.size("m"), gemm.size("k")
     if not (isinstance(M, int) and isinstance(K, int) and M <= cfg.block_m
             and gemm.size("batch") == 1 and cfg.split_k == 1 and not _in_place(gemm)[0]
             and _num_tiles(gemm) > 1):
         return False
-    floats = (ceil_div(K, cfg.block_k) * cfg.block_m * cfg.block_k
-              + _b_pack_floats(gemm) + _output_floats(cfg))
-    return 4 * floats <= STACK_BYTES
+    target = host()
+    return 4 * ceil_div(K, cfg.block_k) * cfg.block_m * cfg.block_k <= target.cores * target.l2_bytes
 
 
-def _pack_whole_left(fb: FunctionBuilder, gemm: _Gemm) -> Buffer:
-    """The left factor's panels for every K block, [blocks, block_m / micro_m, block_k,
-    micro_m], for a GEMM whose tiles all span rows 0..M (see _one_row_of_tiles)."""
-    cfg, K = gemm.cfg, gemm.size("k")
-    blocks = ceil_div(K, cfg.block_k)
-    left = fb.buffer("a_all", float32, [blocks, cfg.block_m // cfg.micro_m, cfg.block_k,
-                                        cfg.micro_m])
+def _whole_left_buffer(gemm: _Gemm) -> Buffer:
+    """The workspace of the left factor's panels for every K block, [blocks,
+    block_m / micro_m, block_k, micro_m] (see _one_row_of_tiles)."""
+    cfg = gemm.cfg
+    blocks = ceil_div(gemm.size("k"), cfg.block_k)
+    return Buffer("a_all", float32, (blocks, cfg.block_m // cfg.micro_m, cfg.block_k,
+                                     cfg.micro_m))
+
+
+def _pack_whole_left(fb: FunctionBuilder, gemm: _Gemm, left: Buffer, threads: int) -> None:
+    """Packs every K block of the left factor into ``left``, the threads taking K blocks
+    in turn; the products start once all are packed (the next parallel loop)."""
+    K = gemm.size("k")
     rows = _Tile(fb, gemm, 0)
-    for kb in fb.range(blocks, name="kb"):
-        _pack_left(fb, gemm, rows, _k_block(fb, gemm, kb, 0, K), _Slab(left, kb))
-    return left
+    blocks = ceil_div(K, gemm.cfg.block_k)
+    for thread in fb.range(threads, kind="parallel", name="thread"):
+        for (kb,) in (repeat(ceil_div(blocks, threads)) * spatial(threads)).on(thread):
+            with fb.if_(kb < blocks):
+                _pack_left(fb, gemm, rows, _k_block(fb, gemm, kb, 0, K), _Slab(left, kb))
 
 
 def _pack_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, block: _KBlock,

@@ -85,6 +85,7 @@ def test_saved_model_loads_without_the_compiler(compiled, tmp_path):
             treadle.compile(treadle_graph_that_needs_a_new_kernel())
         loaded = treadle.load(tmp_path / "saved")
         assert loaded.input_names == ["x"] and loaded.output_names == ["y"]
+        assert loaded.executable.runner is not None  # the step runner is saved too
         for size in (0, 1, 7, 64):
             x = random_array((size, 5), seed=size)
             np.testing.assert_array_equal(loaded(x)[0], compiled(x)[0])

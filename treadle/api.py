@@ -43,6 +43,7 @@ VERSION = 1
 MANIFEST = "manifest.json"
 PROGRAM = "program.pkl"
 CONSTANTS = "constants.npz"
+RUNNER = "step_runner.so"  # the step runner (runtime.dispatch); older saves have none
 FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # what a manifest may list
 
 
@@ -172,6 +173,9 @@ def _write(model: CompiledModel, folder: Path) -> None:
     (folder / PROGRAM).write_bytes(pickle.dumps(program, protocol=pickle.HIGHEST_PROTOCOL))
     np.savez(folder / CONSTANTS, **{str(k): v for k, v in ex.constants.items()})
     names = [PROGRAM, CONSTANTS, *(file for file, _ in library_table)]
+    if ex.runner is not None:
+        shutil.copyfile(ex.runner, folder / RUNNER)
+        names.append(RUNNER)
     files = {name: _sha256(folder / name) for name in names}
     # The kernels were compiled for this CPU's instruction-set extensions.
     manifest = {"format": FORMAT, "version": VERSION, "name": model.name,
@@ -200,13 +204,13 @@ def load(directory: str | os.PathLike) -> CompiledModel:
         if _sha256(path) != digest:
             raise ModelError(f"{path}: corrupt (its sha256 differs from the manifest's)")
     try:
-        return _load_program(folder)
+        return _load_program(folder, RUNNER in manifest["files"])
     except (pickle.UnpicklingError, EOFError, ImportError, AttributeError, KeyError,
             TypeError, ValueError, OSError) as err:
         raise ModelError(f"{folder}: cannot load the saved model ({err})") from None
 
 
-def _load_program(folder: Path) -> CompiledModel:
+def _load_program(folder: Path, has_runner: bool) -> CompiledModel:
     program = pickle.loads((folder / PROGRAM).read_bytes())
     with np.load(folder / CONSTANTS) as npz:
         constants = {int(k): npz[k] for k in npz.files}
@@ -215,8 +219,9 @@ def _load_program(folder: Path) -> CompiledModel:
         kernels.update(load_library(folder / file, functions).functions)
     steps = [Step(name, None if fn is None else kernels[fn], args, outputs, workspaces)
              for name, fn, args, outputs, workspaces in program["steps"]]
+    runner = folder / RUNNER if has_runner else None
     executable = Executable(program["slots"], program["inputs"], program["outputs"],
-                            constants, steps)
+                            constants, steps, runner)
     return CompiledModel(executable, program["name"])
 
 

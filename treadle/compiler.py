@@ -20,6 +20,7 @@ from treadle.graph.partition import format_partition, partition
 from treadle.graph.optimize import optimize
 from treadle.ir.lower import lower
 from treadle.ir.stmt import Function
+from treadle.runtime.dispatch import library_path
 from treadle.runtime.executor import Executable, Slot, Step
 from treadle.runtime.module import CompiledFunction, load
 from treadle.schedule.fusion import schedule_group
@@ -69,7 +70,7 @@ def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int = 0) -> E
     steps = [Step(name, None if fn is None else kernels[fn], args, outs, ws)
              for name, fn, args, outs, ws in plans]
     return Executable(slots, [slot_of[id(t)] for t in graph.inputs],
-                      [slot_of[id(t)] for t in graph.outputs], constants, steps)
+                      [slot_of[id(t)] for t in graph.outputs], constants, steps, library_path())
 
 
 def build_functions(functions: Sequence[Function], name: str) -> dict[str, CompiledFunction]:

@@ -6,22 +6,27 @@ nothing). Intermediate tensors and workspaces live in one arena per call, placed
 first-fit plan over their lifetimes, so memory is reused once a tensor is dead. Sizes may
 depend on symbols, so the plan is computed per distinct set of symbol values and cached.
 Each call gets its own arena, so a compiled model may be called from several threads.
+
+The kernels run in one call of the step runner (``runtime.dispatch``) where it is given;
+``profile`` and kernels the runner cannot call go through ctypes one step at a time.
 """
 from __future__ import annotations
 
 import ctypes
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
 from treadle.errors import ArgumentError, DTypeError, ShapeError
 from treadle.graph.tensor import Dim
-from treadle.ir.dtypes import DataType
+from treadle.ir.dtypes import DataType, int64
 from treadle.ir.expr import Expr, Var
 from treadle.ir.functor import evaluate, free_vars
+from treadle.runtime.dispatch import MAX_ARITY, load_runner
 from treadle.runtime.module import CompiledFunction
 
 ALIGN = 64
@@ -50,6 +55,11 @@ class _Plan:
     shapes: dict[int, tuple[int, ...]]
     offsets: dict[object, int]  # slot id or (step, workspace) -> arena offset
     arena_bytes: int
+    # For the step runner: the words that are arena addresses, their offsets, and the
+    # bytes each runner step copies (views into graph outputs).
+    arena_words: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    arena_offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    copy_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 def _size_bytes(dtype: DataType, shape: Sequence[int]) -> int:
@@ -58,7 +68,10 @@ def _size_bytes(dtype: DataType, shape: Sequence[int]) -> int:
 
 class Executable:
     def __init__(self, slots: Sequence[Slot], inputs: Sequence[int], outputs: Sequence[int],
-                 constants: Mapping[int, np.ndarray], steps: Sequence[Step]):
+                 constants: Mapping[int, np.ndarray], steps: Sequence[Step],
+                 runner: Optional[Path] = None):
+        """``runner``: the step runner's shared object (``runtime.dispatch``), or None to
+        call every kernel from Python."""
         self.slots = tuple(slots)
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
@@ -73,6 +86,8 @@ class Executable:
         self._step_symbols = [() if step.kernel is None else
                               step.kernel.function.params[len(step.args):]
                               for step in self.steps]
+        self.runner = runner
+        self._table = None if runner is None else _RunnerTable.of(self, load_runner(runner))
 
     @property
     def input_names(self) -> list[str]:
@@ -102,6 +117,9 @@ class Executable:
         for slot in self.outputs:
             if slot not in values and slot not in self.constants:
                 values[slot] = np.empty(plan.shapes[slot], self.slots[slot].dtype.numpy)
+        if times is None and self._table is not None:
+            self._table.run(plan, base, values, symbols)
+            return [self._owned(s, values) for s in self.outputs]
         # Kernels take addresses: those of arrays, or the arena's base plus the planned
         # offset; a view's address is its source's, so no array is made for either.
         address = dict(self._constant_addresses)
@@ -204,7 +222,10 @@ class Executable:
                                  f"{list(shape)} for {dict((v.name, x) for v, x in symbols.items())}")
         intervals = self._lifetimes(shapes, symbols)
         offsets, total = _first_fit(intervals)
-        return _Plan(shapes, offsets, total)
+        plan = _Plan(shapes, offsets, total)
+        if self._table is not None:
+            self._table.prepare(plan, self)
+        return plan
 
     def _lifetimes(self, shapes, symbols) -> list[tuple[object, int, int, int]]:
         """(key, first step, last step, bytes) of everything that lives in the arena."""
@@ -229,6 +250,91 @@ class Executable:
         arena = [(s, first[s], last[s], _size_bytes(self.slots[s].dtype, shapes[s]))
                  for s in first if s not in external]
         return arena + workspaces
+
+
+class _RunnerTable:
+    """The kernel steps as the step runner's table. Each call fills one array of words:
+    a word per slot (its address), per step workspace (its address) and per symbol (its
+    value); each step's arguments are gathered from it. A view that is not a graph
+    output is its root's address, resolved here once."""
+
+    def __init__(self, runner, exe: "Executable"):
+        self.runner = runner
+        slots = len(exe.slots)
+        self.workspace_word: dict[tuple[int, int], int] = {}
+        for index, step in enumerate(exe.steps):
+            for k in range(len(step.workspaces)):
+                self.workspace_word[(index, k)] = slots + len(self.workspace_word)
+        self.symbols = sorted({v for names in exe._step_symbols for v in names},
+                              key=lambda v: v.name)
+        first_symbol = slots + len(self.workspace_word)
+        self.symbol_words = np.arange(first_symbol, first_symbol + len(self.symbols))
+        self.template = np.zeros(first_symbol + len(self.symbols), np.int64)
+        for slot, address in exe._constant_addresses.items():
+            self.template[slot] = address
+        outputs = set(exe.outputs)
+        root: dict[int, int] = {}
+        entries, arity, first, args = [], [], [], []
+        self.kernels: list[Optional[CompiledFunction]] = []
+        self.copies: list[tuple[int, int]] = []  # (runner step, output slot)
+        for index, step in enumerate(exe.steps):
+            if step.kernel is None:
+                source, out = root.get(step.args[0], step.args[0]), step.outputs[0]
+                if out not in outputs:
+                    root[out] = source
+                    continue
+                self.copies.append((len(arity), out))
+                words, entry, count = [source, out], 0, -1
+            else:
+                words = [root.get(a, a) if a >= 0 else self.workspace_word[(index, -a - 1)]
+                         for a in step.args]
+                words += [first_symbol + self.symbols.index(v)
+                          for v in exe._step_symbols[index]]
+                entry, count = step.kernel.address, len(words)
+            self.kernels.append(step.kernel)
+            entries.append(entry)
+            arity.append(count)
+            first.append(len(args))
+            args.extend(words)
+        self.entries = np.array(entries, np.uint64)
+        self.arity = np.array(arity, np.int32)
+        self.first = np.array(first, np.int64)
+        self.args = np.array(args, np.int64)
+
+    @classmethod
+    def of(cls, exe: "Executable", runner) -> Optional["_RunnerTable"]:
+        """The table, or None where a kernel takes a parameter the runner cannot pass
+        (more than MAX_ARITY, or a scalar that is no int64)."""
+        for step, symbols in zip(exe.steps, exe._step_symbols):
+            if step.kernel is not None and (len(step.args) + len(symbols) > MAX_ARITY or
+                                            any(v.dtype != int64 for v in symbols)):
+                return None
+        return cls(runner, exe)
+
+    def prepare(self, plan: _Plan, exe: "Executable") -> None:
+        """The plan's arena words and copy sizes."""
+        words = [key if isinstance(key, int) else self.workspace_word[key]
+                 for key in plan.offsets]
+        plan.arena_words = np.array(words, np.int64)
+        plan.arena_offsets = np.array(list(plan.offsets.values()), np.int64)
+        plan.copy_bytes = np.zeros(len(self.arity), np.int64)
+        for step, out in self.copies:
+            plan.copy_bytes[step] = _size_bytes(exe.slots[out].dtype, plan.shapes[out])
+
+    def run(self, plan: _Plan, base: int, values: dict[int, np.ndarray],
+            symbols: Mapping[Var, int]) -> None:
+        words = self.template.copy()
+        words[plan.arena_words] = plan.arena_offsets + base
+        for slot, array in values.items():
+            words[slot] = array.ctypes.data
+        words[self.symbol_words] = [symbols[v] for v in self.symbols]
+        args = words[self.args]
+        failed = ctypes.c_int64(-1)
+        status = self.runner(len(self.arity), self.entries.ctypes.data, self.arity.ctypes.data,
+                             self.first.ctypes.data, args.ctypes.data,
+                             plan.copy_bytes.ctypes.data, ctypes.byref(failed))
+        if status != 0:
+            self.kernels[failed.value].check_status(status)
 
 
 def _aligned(array: np.ndarray) -> np.ndarray:

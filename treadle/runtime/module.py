@@ -66,11 +66,19 @@ class CompiledFunction:
     def call_unchecked(self, args: Sequence) -> None:
         """Runs the kernel on raw arguments in parameter order (addresses for buffers),
         for executors that have already checked every shape and dtype."""
-        status = self._entry(*args)
+        self.check_status(self._entry(*args))
+
+    def check_status(self, status: int) -> None:
+        """Raises the KernelError that the kernel's return ``status`` stands for."""
         if status != 0:
             message = (self._messages[status - 1] if 0 < status <= len(self._messages)
                        else f"unexpected status {status}")
             raise KernelError(f"kernel {self.function.name}: {message}")
+
+    @property
+    def address(self) -> int:
+        """The entry point's address, for the step runner (``runtime.dispatch``)."""
+        return ctypes.cast(self._entry, ctypes.c_void_p).value
 
     def _check_overlap(self, arrays: Sequence[np.ndarray]) -> None:
         names = [b.name for b in self.function.buffers]

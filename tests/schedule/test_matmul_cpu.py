@@ -218,6 +218,7 @@ def _laid_out_once(inputs, out, constants, cfg):
     kernel = schedule_gemm("gemm", inputs, pattern, cfg)
     assert len(kernel.derived) == 1
     assert not set(constants) & set(kernel.function.buffers)  # read via the layout only
+    assert "prefetch(" in str(kernel.function)  # the next micro-panel, one line per step
     return runner(kernel), tabulate(kernel.derived[0], constants)
 
 

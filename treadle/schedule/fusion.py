@@ -197,7 +197,8 @@ def _fill_border(buffer: Buffer, inner: Sequence[Dim], padding: Padding) -> Stmt
     nests = []
     for d in range(len(shape)):
         after = simplify_expr(as_expr(shape[d]) - before[d] - inner[d])
-        for start, extent in ((as_expr(0), as_expr(before[d])), (as_expr(before[d] + inner[d]), after)):
+        slabs = ((as_expr(0), as_expr(before[d])), (as_expr(before[d] + inner[d]), after))
+        for start, extent in slabs:
             if extent == as_expr(0):
                 continue
             axes = [Var(f"b{j}", index_type) for j in range(len(shape))]

@@ -700,7 +700,8 @@ def _one_row_of_tiles(gemm: _Gemm) -> bool:
             and _num_tiles(gemm) > 1):
         return False
     target = host()
-    return 4 * ceil_div(K, cfg.block_k) * cfg.block_m * cfg.block_k <= target.cores * target.l2_bytes
+    packed_bytes = 4 * ceil_div(K, cfg.block_k) * cfg.block_m * cfg.block_k
+    return packed_bytes <= target.cores * target.l2_bytes
 
 
 def _whole_left_buffer(gemm: _Gemm) -> Buffer:

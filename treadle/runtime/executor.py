@@ -258,7 +258,7 @@ class _RunnerTable:
     value); each step's arguments are gathered from it. A view that is not a graph
     output is its root's address, resolved here once."""
 
-    def __init__(self, runner, exe: "Executable"):
+    def __init__(self, exe: "Executable", runner):
         self.runner = runner
         slots = len(exe.slots)
         self.workspace_word: dict[tuple[int, int], int] = {}
@@ -309,7 +309,7 @@ class _RunnerTable:
             if step.kernel is not None and (len(step.args) + len(symbols) > MAX_ARITY or
                                             any(v.dtype != int64 for v in symbols)):
                 return None
-        return cls(runner, exe)
+        return cls(exe, runner)
 
     def prepare(self, plan: _Plan, exe: "Executable") -> None:
         """The plan's arena words and copy sizes."""

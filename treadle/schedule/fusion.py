@@ -148,17 +148,16 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
     borders = []
     for op in group.epilogues:
         out, padding = op.outputs[0], padding_of(op)
-        if is_view(op):
+        if is_view(op) or padding is not None:  # the same value, at another index
             source = op.inputs[0]
             values[id(out)] = values[id(source)]
-            index_of[id(out)] = unravel(ravel(index_of[id(source)], source.shape), out.shape)
-            continue
-        if padding is not None:
-            source = op.inputs[0]
-            values[id(out)] = values[id(source)]
-            index_of[id(out)] = tuple(i + b if b else i for i, b in zip(index_of[id(source)],
-                                                            padding.before))
-            borders.append(_fill_border(buffers.of(out), source.shape, padding))
+            index = index_of[id(source)]
+            if padding is None:
+                index_of[id(out)] = unravel(ravel(index, source.shape), out.shape)
+            else:
+                index_of[id(out)] = tuple(i + b if b else i for i, b in zip(index,
+                                                                            padding.before))
+                borders.append(_fill_border(buffers.of(out), source.shape, padding))
             continue
         tensor_of = dict(zip(op.input_buffers, op.inputs))
         indices = {_index_through(load, op.definition[0], index_of[id(tensor_of[load.buffer])])

@@ -16,11 +16,13 @@ micro-kernel never checks bounds. The micro-kernel is a fully unrolled register 
 AVX2 fused multiply-adds; it starts from zero in the first K block and from the
 accumulator after that, and in the last K block stores its results straight to the
 output (through the epilogue). A right factor that reads only constants (weights) is
-laid out in micro-panel order once, at compile time, and never packed at run time.
+laid out in micro-panel order once, at compile time, never packed at run time, and
+prefetched a micro-panel ahead. Where every macro-tile spans the same rows, the threads
+first pack the left factor for all of K together, into a workspace every tile reads.
 Blocks are clamped to the problem's constant sizes, so a small M, N or K costs no padded
-work, and shrunk to split M and N evenly over the threads (``_balanced``). A factor that only one
-register tile would read (M or N within one micro-tile: GEMV, tall-skinny) is read in
-place instead of packed; an in-place right factor is streamed in short K blocks.
+work, and shrunk to split M and N evenly over the threads (``_balanced``). A factor that
+only one register tile would read (M or N within one micro-tile: GEMV, tall-skinny) is
+read in place instead of packed; an in-place right factor is streamed in short K blocks.
 
 ``split_k`` > 1 (small M x N, long K): the workers of ``spatial(groups, split_k)`` each
 accumulate one K part of a macro-tile into a shared workspace; a second parallel loop

@@ -172,6 +172,28 @@ def test_convolution_as_implicit_gemm(stride, pad, cfg):
     assert_close(result, conv_reference(xv, wv, stride, pad), reduction=ci * k * k)
 
 
+@pytest.mark.parametrize("batch, channels, cfg", [
+    (Var("n"), 37, GemmConfig(12, 32, 16, 6, 16)),  # blocks of 16 across rows of 37
+    (1, 24, GemmConfig(12, 16, 16, 6, 16)),        # every other block straddles two rows
+    (1, 20, GemmConfig(12, 16, 64, 6, 16)),        # blocks of whole rows (64 -> 60)
+    (Var("n"), 24, GemmConfig(12, 16, 8, 6, 16, split_k=3)),  # parts of K start mid-row
+], ids=str)
+def test_channels_last_convolution_k_blocks_across_rows(batch, channels, cfg):
+    """Packing walks K as stretches of rows of input channels; a block may start and end
+    anywhere in a row."""
+    h, wd, co, k = 7, 5, 19, 3
+    x = Buffer("x", float32, (batch, h, wd, channels))
+    w = Buffer("w", float32, (k, k, channels, co))
+    out = reduce("conv", [batch, h - k + 1, wd - k + 1, co], [k, k, channels],
+                 lambda b, i, j, o, p, q, c: x[b, i + p, j + q, c] * w[p, q, c, o])
+    n = 1 if batch == 1 else 2
+    xv, wv = random_array((n, h, wd, channels), seed=3), random_array((k, k, channels, co), seed=4)
+    result = np.full((n, h - k + 1, wd - k + 1, co), np.nan, np.float32)
+    build([x, w], out, cfg)(xv, wv, result)
+    expected = conv_reference(xv.transpose(0, 3, 1, 2), wv.transpose(3, 2, 0, 1), 1, 0)
+    assert_close(result, expected.transpose(0, 2, 3, 1), reduction=channels * k * k)
+
+
 def test_symbolic_condition_becomes_a_kernel_assert():
     from treadle.errors import KernelError
     from treadle.ir.expr import eq

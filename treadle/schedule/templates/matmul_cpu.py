@@ -553,11 +553,11 @@ def _accumulate(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, acc: Buffer, slot
 
 @dataclass(frozen=True)
 class _KBlock:
-    """K positions [k0, k0 + depth); ``first_row`` is k0 in rows of the innermost K axis
-    when the block starts on a whole row, else None."""
+    """K positions [k0, k0 + depth); ``aligned`` when k0 is known to start a row of the
+    innermost K axes (see _row)."""
     k0: Expr
     depth: Expr
-    first_row: Expr | None
+    aligned: bool
 
 
 def _k_block(fb: FunctionBuilder, gemm: _Gemm, kb, k_begin, k_len) -> _KBlock:
@@ -566,28 +566,35 @@ def _k_block(fb: FunctionBuilder, gemm: _Gemm, kb, k_begin, k_len) -> _KBlock:
     k0 = fb.let("k0", k_begin + kb * block_k)
     depth = fb.let("depth", _max(_min(block_k, k_len - kb * block_k), 0))
     row = _row(gemm.extents["k"])
-    whole = (row is not None and block_k % row[1] == 0
-             and isinstance(k_begin, int) and k_begin == 0)
-    return _KBlock(k0, depth, kb * (block_k // row[1]) if whole else None)
+    aligned = row is not None and block_k % row[1] == 0 and isinstance(k_begin, int) \
+        and k_begin % row[1] == 0
+    return _KBlock(k0, depth, aligned)
 
 
 def _k_walk(fb: FunctionBuilder, gemm: _Gemm, block: _KBlock) -> Iterator[tuple[Expr, dict]]:
-    """(kk, coordinates of K position k0 + kk) for every kk < depth. A block of whole rows
-    (see _row) is walked as two loops, over rows and along each, so the outer coordinates
-    cost a division per row rather than per position (a 3x3 convolution's packing spent
-    most of its time dividing)."""
-    if block.first_row is None:
+    """(kk, coordinates of K position k0 + kk) for every kk < depth. Where K has rows (see
+    _row), the block is walked as the stretches it covers of each row, so the outer
+    coordinates cost a division per row rather than per position: a 3x3 convolution's
+    packing spent most of its time dividing, and blocks need not hold whole rows (a block
+    of 192 over rows of 512 channels covers parts of two)."""
+    row = _row(gemm.extents["k"])
+    if row is None:
         for kk in fb.range(block.depth, name="kk"):
             yield kk, gemm.coords(fb, "k", block.k0 + kk)
         return
+    count, width = row
     axes, extents = gemm.pattern.compute.reduce_axes, gemm.extents["k"]
-    count, width = _row(extents)
-    for row in fb.range(ceil_div(block.depth, width), name="krow"):
-        outer = unravel(block.first_row + row, extents[:-count])
+    first = fb.let("krow0", block.k0 // width)
+    end = block.k0 + block.depth
+    for r in fb.range(ceil_div(end, width) - first, name="krow"):
+        start = fb.let("kstart", (first + r) * width)
+        begin = 0 if block.aligned else fb.let("kcol0", _max(block.k0 - start, 0))
+        outer = unravel(first + r, extents[:-count])
         coords = {a: fb.let(a.name, v) for a, v in zip(axes[:-count], outer)}
-        for col in fb.range(_min(width, block.depth - row * width), name="kcol"):
+        for c in fb.range(_min(width, end - start) - begin, name="kcol"):
+            col = begin + c
             inner = dict(zip(axes[-count:], unravel(col, extents[-count:])))
-            yield fb.let("kk", row * width + col), {**coords, **inner}
+            yield fb.let("kk", start + col - block.k0), {**coords, **inner}
 
 
 def _in_place(gemm: _Gemm) -> tuple[bool, bool]:

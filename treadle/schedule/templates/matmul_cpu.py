@@ -736,36 +736,20 @@ def _pack_whole_left(fb: FunctionBuilder, gemm: _Gemm, left: Buffer, threads: in
 
 def _pack_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, block: _KBlock,
                into: _Slab | None = None) -> Buffer | _Slab:
-    """a_pack[p, kk, r] = left(row0 + p * micro_m + r, k0 + kk), zero past the last row;
-    into ``into`` or a new buffer."""
+    """a_pack[p, kk, r] = left(row0 + p * micro_m + r, k0 + kk); into ``into`` or a new
+    buffer. Rows past the tile's last repeat it (their sums are never stored), so a
+    ragged micro-panel is walked like a whole one: K once, the packed panel written
+    linearly, a division per row of K rather than per position."""
     cfg, mr = gemm.cfg, gemm.cfg.micro_m
     a_pack = into or fb.buffer("a_pack", float32, [cfg.block_m // mr, cfg.block_k, mr])
     for p in fb.range(ceil_div(tile.rows, mr), name="p"):
-        with fb.if_(p * mr + mr <= tile.rows):
-            # A whole micro-panel: walk K once, writing the packed panel linearly.
-            rows = [gemm.coords(fb, "m", tile.row0 + p * mr + r) for r in range(mr)]
-            for kk, k in _k_walk(fb, gemm, block):
-                for r in range(mr):
-                    a_pack[p, kk, r] = _f32(substitute(gemm.pattern.left,
-                                                       {**tile.batch, **rows[r], **k}))
-        with fb.else_():
-            _pack_ragged_left(fb, gemm, tile, block.k0, block.depth, a_pack, p)
+        rows = [gemm.coords(fb, "m", tile.row0 + _min(p * mr + r, tile.rows - 1))
+                for r in range(mr)]
+        for kk, k in _k_walk(fb, gemm, block):
+            for r in range(mr):
+                a_pack[p, kk, r] = _f32(substitute(gemm.pattern.left,
+                                                   {**tile.batch, **rows[r], **k}))
     return a_pack
-
-
-def _pack_ragged_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, k0, depth,
-                      a_pack: Buffer | _Slab, p) -> None:
-    """The last micro-panel of a ragged edge, row by row, zero past the last row."""
-    mr = gemm.cfg.micro_m
-    for r in fb.range(mr, name="r"):
-        with fb.if_(p * mr + r < tile.rows):
-            m = gemm.coords(fb, "m", tile.row0 + p * mr + r)
-            for kk in fb.range(depth, name="kk"):
-                k = gemm.coords(fb, "k", k0 + kk)
-                a_pack[p, kk, r] = _f32(substitute(gemm.pattern.left, {**tile.batch, **m, **k}))
-        with fb.else_():
-            for kk in fb.range(depth, name="kk"):
-                a_pack[p, kk, r] = 0.0
 
 
 def _pack_right(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, block: _KBlock,

@@ -11,12 +11,12 @@ from treadle.compiler import compile_graph
 from treadle.graph.graph import Graph
 from treadle.graph.operator import apply
 from treadle.graph.tensor import Tensor, constant
-from treadle.ir.expr import Load
+from treadle.ir.expr import Load, Select
 from treadle.ir.functor import walk
-from treadle.ir.stmt import For, Store
+from treadle.ir.stmt import For, If, Store
 from treadle.ir.verify import verify
 from treadle.schedule.operator import schedule_operator
-from treadle.schedule.templates.window_cpu import match_window
+from treadle.schedule.templates.window_cpu import MAX_UNROLLED, match_window
 
 torch = pytest.importorskip("torch")
 
@@ -93,3 +93,35 @@ def test_max_pool_matches_torch(size, stride, pad):
     xs = random_array((2, 3, *size), seed=3)
     expected = torch.nn.functional.max_pool2d(torch.from_numpy(xs), 3, stride, pad).numpy()
     np.testing.assert_array_equal(program(xs)[0], expected)
+
+
+@pytest.mark.parametrize("channels, size, kernel, stride, pad", [
+    (19, (7, 7), 3, 1, 1), (8, (13, 11), 3, 2, 1), (5, (9, 6), 5, 1, 2), (3, (5, 5), 3, 1, 0)])
+def test_channels_last_depthwise_interior_rows_skip_the_padding_checks(channels, size, kernel,
+                                                                         stride, pad):
+    """A row is one pixel's channels: where the whole window lies inside the input the row
+    sums its taps in one pass without the checks, border rows keep them (windows of up to
+    MAX_UNROLLED points)."""
+    x = Tensor("x", "float32", ["n", *size, channels])
+    w = random_array((kernel, kernel, 1, channels), seed=4)
+    b = random_array((channels,), seed=5)
+    attrs = {"group": channels, "strides": [stride] * 2, "pads": [pad] * 4}
+    y = apply("ChannelsLastConv", [x, constant(w), constant(b)], attrs)[0]
+    graph = Graph.from_outputs([x], [y])
+    func = schedule_operator(_operator(graph), "dw").function
+    verify(func)
+    branches = [n for n in walk(func.body) if isinstance(n, If)]
+    if pad and kernel * kernel <= MAX_UNROLLED:
+        (branch,) = branches
+        assert not any(isinstance(n, Select) for n in walk(branch.then))
+        assert any(isinstance(n, For) and n.kind == "vectorize" for n in walk(branch.then))
+    elif not pad:
+        assert not branches and not any(isinstance(n, Select) for n in walk(func.body))
+    program = compile_graph(graph)
+    for batch in (1, 3):
+        xs = random_array((batch, *size, channels), seed=batch)
+        expected = torch.nn.functional.conv2d(
+            torch.from_numpy(xs).permute(0, 3, 1, 2), torch.from_numpy(w).permute(3, 2, 0, 1),
+            torch.from_numpy(b), stride=stride, padding=pad, groups=channels)
+        assert_close(program(xs)[0], expected.permute(0, 2, 3, 1).numpy(),
+                     reduction=kernel * kernel)

@@ -10,7 +10,9 @@ unrolled inside that loop, so the compiler vectorises along the row with the tap
 weights in registers. The row splits into a left border, an interior and a right border;
 in the interior, interval simplification proves the padding selects and index clamps away
 (they are the compute's own expression, nothing convolution-specific is matched), which
-leaves plain strided loads.
+leaves plain strided loads. Where the row is one pixel's channels (channels-last), no
+check varies along it: a row whose window lies inside the input sums every tap in one
+pass without the checks (_one_pass), and only the border rows take the path above.
 
 Each element still combines its taps in the compute's order, starting from the
 identity, so results equal the rule-based schedule's bit for bit. Loads of inputs and
@@ -18,22 +20,25 @@ stores of the output stay scalar; the output is written once per element, never 
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Sequence
 
 from treadle.ir.compute import Compute, combine, identity_of, producer_of
-from treadle.ir.expr import Binary, Buffer, Const, Expr, Load, Select, Var, as_expr
+from treadle.ir.expr import (Binary, Buffer, Const, Expr, Load, Select, Var, as_expr,
+                              logical_and)
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.interval import Interval
 from treadle.ir.mapping import unravel
 from treadle.ir.simplify import simplify_expr
-from treadle.ir.stmt import Assert, DeclBuffer, For, Function, Let, Seq, Stmt, Store
+from treadle.ir.stmt import Assert, DeclBuffer, For, Function, If, Let, Seq, Stmt, Store
 from treadle.schedule.rules import Inliner, Kernel, canonical_kernel, reachable, split_epilogue
 
 MAX_WINDOW = 64  # window points; larger reductions are left to GEMM or the rule-based loops
 MAX_ROW_BYTES = 1 << 14  # the row of accumulators, on each thread's stack
 MAX_BORDER = 16  # output positions searched from each end of a row for the interior
+MAX_UNROLLED = 16  # window points summed in one pass along the row (see _one_pass)
 
 
 @dataclass(frozen=True)
@@ -73,15 +78,8 @@ def schedule_window(name: str, inputs: Sequence[Buffer | None], pattern: WindowP
     *outer_shape, width = red.shape
     row = Var("row")
     rows = math.prod(outer_shape, start=as_expr(1))
-    acc = Buffer(f"{red.name}_row", red.dtype, (width,), "local")
-    col = red.axes[-1]
-    body = [Let(a, i) for a, i in zip(red.axes[:-1], unravel(row, outer_shape))]
-    identity = identity_of(red.reduce_op, red.dtype)
-    body += [DeclBuffer(acc), For(col, width, Store(acc, (col,), identity))]
-    body.append(_window_loops(pattern, acc))
-    result = rewrite(pattern.epilogue, lambda n: acc[(col,)] if isinstance(n, Load)
-                     and n.buffer == red.buffer else None)
-    body.append(For(col, width, Store(pattern.output, red.axes, result)))
+    body: list[Stmt] = [Let(a, i) for a, i in zip(red.axes[:-1], unravel(row, outer_shape))]
+    body.append(_one_pass(pattern) or _row_of_accumulators(pattern))
     stmts: list[Stmt] = [Assert(cond, message) for cond, message in checks]
     stmts.append(For(row, rows, Seq(tuple(body)), "parallel"))
     body_stmt = Seq(tuple(stmts))
@@ -92,6 +90,56 @@ def schedule_window(name: str, inputs: Sequence[Buffer | None], pattern: WindowP
     symbols |= free_vars(body_stmt) - bound
     func = Function(name, tuple(params) + tuple(sorted(symbols, key=lambda v: v.name)), body_stmt)
     return canonical_kernel(func, inputs, 1)
+
+
+def _row_of_accumulators(pattern: WindowPattern) -> Stmt:
+    """The row's accumulators in a local buffer, the window's outer axes looping around
+    passes along the row, the epilogue stored in a last pass."""
+    red = pattern.reduction
+    col, width = red.axes[-1], red.shape[-1]
+    acc = Buffer(f"{red.name}_row", red.dtype, (width,), "local")
+    identity = identity_of(red.reduce_op, red.dtype)
+    result = rewrite(pattern.epilogue, lambda n: acc[(col,)] if isinstance(n, Load)
+                     and n.buffer == red.buffer else None)
+    return Seq((DeclBuffer(acc), For(col, width, Store(acc, (col,), identity)),
+                _window_loops(pattern, acc),
+                For(col, width, Store(pattern.output, red.axes, result))))
+
+
+def _one_pass(pattern: WindowPattern) -> Stmt | None:
+    """Where no padding check depends on the row's axis (a channels-last depthwise
+    convolution or pooling: a row is one pixel's channels), a row whose window lies
+    inside the input (every check true, known per row) takes the whole window unrolled
+    in one pass along the row without the checks: each element's taps are summed in
+    registers, in the compute's order, and stored through the epilogue. Rows on the
+    border keep the row of accumulators. None where a check varies along the row or the
+    window is too large to unroll."""
+    red = pattern.reduction
+    col, width = red.axes[-1], red.shape[-1]
+    points = list(itertools.product(*(range(e.value) for e in red.reduce_extents)))
+    taps = [substitute(pattern.window, dict(zip(red.reduce_axes, map(as_expr, point))))
+            for point in points]
+    checks = [atom for tap in taps for n in walk(tap) if isinstance(n, Select)
+              for atom in _conjuncts(n.cond)]
+    if len(points) > MAX_UNROLLED or any(col in free_vars(c) for c in checks):
+        return None
+    value = identity_of(red.reduce_op, red.dtype)
+    for tap in taps:
+        value = combine(red.reduce_op, value,
+                        rewrite(tap, lambda n: n.then if isinstance(n, Select) else None))
+    result = rewrite(pattern.epilogue, lambda n: value if isinstance(n, Load)
+                     and n.buffer == red.buffer else None)
+    inside = For(col, width, Store(pattern.output, red.axes, result), "vectorize")
+    if not checks:
+        return inside
+    return If(logical_and(*dict.fromkeys(checks)), inside, _row_of_accumulators(pattern))
+
+
+def _conjuncts(cond: Expr) -> list[Expr]:
+    """The conditions ``cond`` is the conjunction of."""
+    if isinstance(cond, Binary) and cond.op == "and":
+        return _conjuncts(cond.a) + _conjuncts(cond.b)
+    return [cond]
 
 
 def _ranges(red: Compute) -> dict[Var, Interval]:

@@ -11,8 +11,8 @@ weights in registers. The row splits into a left border, an interior and a right
 in the interior, interval simplification proves the padding selects and index clamps away
 (they are the compute's own expression, nothing convolution-specific is matched), which
 leaves plain strided loads. Where the row is one pixel's channels (channels-last), no
-check varies along it: a row whose window lies inside the input sums every tap in one
-pass without the checks (_one_pass), and only the border rows take the path above.
+check varies along it: the kernel branches per row on the padding checks and sums every
+tap in one pass, with no select left (_one_pass).
 
 Each element still combines its taps in the compute's order, starting from the
 identity, so results equal the rule-based schedule's bit for bit. Loads of inputs and
@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from treadle.ir.compute import Compute, combine, identity_of, producer_of
-from treadle.ir.expr import (Binary, Buffer, Const, Expr, Load, Select, Var, as_expr,
-                              logical_and)
+from treadle.ir.expr import Binary, Buffer, Const, Expr, Load, Select, Var, as_expr
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.interval import Interval
 from treadle.ir.mapping import unravel
@@ -39,6 +38,7 @@ MAX_WINDOW = 64  # window points; larger reductions are left to GEMM or the rule
 MAX_ROW_BYTES = 1 << 14  # the row of accumulators, on each thread's stack
 MAX_BORDER = 16  # output positions searched from each end of a row for the interior
 MAX_UNROLLED = 16  # window points summed in one pass along the row (see _one_pass)
+MAX_CHECKS = 4  # padding checks a one-pass kernel branches on: 2 ** MAX_CHECKS passes
 
 
 @dataclass(frozen=True)
@@ -108,31 +108,48 @@ def _row_of_accumulators(pattern: WindowPattern) -> Stmt:
 
 def _one_pass(pattern: WindowPattern) -> Stmt | None:
     """Where no padding check depends on the row's axis (a channels-last depthwise
-    convolution or pooling: a row is one pixel's channels), a row whose window lies
-    inside the input (every check true, known per row) takes the whole window unrolled
-    in one pass along the row without the checks: each element's taps are summed in
-    registers, in the compute's order, and stored through the epilogue. Rows on the
-    border keep the row of accumulators. None where a check varies along the row or the
-    window is too large to unroll."""
+    convolution or pooling: a row is one pixel's channels), each check holds or fails for
+    the whole row: the kernel branches on the checks (at most MAX_CHECKS of them), and in
+    each branch the whole window is unrolled in one pass along the row, each select
+    resolved — a tap outside the input reads no input, its padding value stands in.
+    Each element's taps are summed in registers, in the compute's order, and stored
+    through the epilogue. None where a check varies along the row, or there are too many
+    checks or window points."""
     red = pattern.reduction
     col, width = red.axes[-1], red.shape[-1]
     points = list(itertools.product(*(range(e.value) for e in red.reduce_extents)))
-    taps = [substitute(pattern.window, dict(zip(red.reduce_axes, map(as_expr, point))))
+    ranges = _ranges(red)
+    taps = [simplify_expr(substitute(pattern.window,
+                                     dict(zip(red.reduce_axes, map(as_expr, point)))), ranges)
             for point in points]
-    checks = [atom for tap in taps for n in walk(tap) if isinstance(n, Select)
-              for atom in _conjuncts(n.cond)]
-    if len(points) > MAX_UNROLLED or any(col in free_vars(c) for c in checks):
+    checks = list(dict.fromkeys(atom for tap in taps for n in walk(tap)
+                                if isinstance(n, Select) for atom in _conjuncts(n.cond)))
+    if (len(points) > MAX_UNROLLED or len(checks) > MAX_CHECKS
+            or any(col in free_vars(c) for c in checks)):
         return None
-    value = identity_of(red.reduce_op, red.dtype)
-    for tap in taps:
-        value = combine(red.reduce_op, value,
-                        rewrite(tap, lambda n: n.then if isinstance(n, Select) else None))
-    result = rewrite(pattern.epilogue, lambda n: value if isinstance(n, Load)
-                     and n.buffer == red.buffer else None)
-    inside = For(col, width, Store(pattern.output, red.axes, result), "vectorize")
-    if not checks:
-        return inside
-    return If(logical_and(*dict.fromkeys(checks)), inside, _row_of_accumulators(pattern))
+
+    def row_pass(holds: dict[Expr, bool]) -> Stmt:
+        value = identity_of(red.reduce_op, red.dtype)
+        for tap in taps:
+            value = combine(red.reduce_op, value, rewrite(tap, lambda n: _resolved(n, holds)))
+        result = rewrite(pattern.epilogue, lambda n: value if isinstance(n, Load)
+                         and n.buffer == red.buffer else None)
+        return For(col, width, Store(pattern.output, red.axes, result), "vectorize")
+
+    def branches(holds: dict[Expr, bool]) -> Stmt:
+        if len(holds) == len(checks):
+            return row_pass(holds)
+        check = checks[len(holds)]
+        return If(check, branches({**holds, check: True}), branches({**holds, check: False}))
+    return branches({})
+
+
+def _resolved(node: Expr, holds: dict[Expr, bool]) -> Expr | None:
+    """A select whose checks are all decided: its branch, with that branch resolved."""
+    if not isinstance(node, Select):
+        return None
+    taken = all(holds[atom] for atom in _conjuncts(node.cond))
+    return rewrite(node.then if taken else node.otherwise, lambda n: _resolved(n, holds))
 
 
 def _conjuncts(cond: Expr) -> list[Expr]:

@@ -511,9 +511,9 @@ def test_accumulate_in_vectorize_loop_is_an_omp_reduction(op, init, reference):
 
 
 def test_prefetch_fetches_a_load_address_and_is_a_no_op():
-    """A prefetch prints as the builtin on the load's address (even past the buffer's end,
-    which a prefetch may name), a prefetch of a computed value is dropped, and neither
-    changes results, compiled or interpreted."""
+    """A prefetch prints as the builtin (a read, into L2) on the load's address (even past
+    the buffer's end, which a prefetch may name), a prefetch of a computed value is
+    dropped, and neither changes results, compiled or interpreted."""
     from treadle.runtime.interpret import interpret
     with FunctionBuilder("ahead") as fb:
         A = fb.param("A", "float32", [8])
@@ -523,7 +523,7 @@ def test_prefetch_fetches_a_load_address_and_is_a_no_op():
             fb.evaluate(call("prefetch", A[i] * 2.0))
             B[i] = A[i] + 1.0
     text = generate([fb.function])
-    assert "__builtin_prefetch(&A[i + 64]);" in text
+    assert "__builtin_prefetch(&A[i + 64], 0, 2);" in text
     a = np.arange(8, dtype=np.float32)
     b = np.zeros(8, np.float32)
     _compile(fb.function)["ahead"](a, b)

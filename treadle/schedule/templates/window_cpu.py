@@ -99,11 +99,16 @@ def _row_of_accumulators(pattern: WindowPattern) -> Stmt:
     col, width = red.axes[-1], red.shape[-1]
     acc = Buffer(f"{red.name}_row", red.dtype, (width,), "local")
     identity = identity_of(red.reduce_op, red.dtype)
-    result = rewrite(pattern.epilogue, lambda n: acc[(col,)] if isinstance(n, Load)
-                     and n.buffer == red.buffer else None)
     return Seq((DeclBuffer(acc), For(col, width, Store(acc, (col,), identity)),
-                _window_loops(pattern, acc),
-                For(col, width, Store(pattern.output, red.axes, result))))
+                _window_loops(pattern, acc), For(col, width, _store(pattern, acc[(col,)]))))
+
+
+def _store(pattern: WindowPattern, value: Expr) -> Store:
+    """The output's element at the reduction's axes: the epilogue of ``value``."""
+    red = pattern.reduction
+    result = rewrite(pattern.epilogue, lambda n: value if isinstance(n, Load)
+                     and n.buffer == red.buffer else None)
+    return Store(pattern.output, red.axes, result)
 
 
 def _one_pass(pattern: WindowPattern) -> Stmt | None:
@@ -118,23 +123,22 @@ def _one_pass(pattern: WindowPattern) -> Stmt | None:
     red = pattern.reduction
     col, width = red.axes[-1], red.shape[-1]
     points = list(itertools.product(*(range(e.value) for e in red.reduce_extents)))
+    if len(points) > MAX_UNROLLED:
+        return None
     ranges = _ranges(red)
     taps = [simplify_expr(substitute(pattern.window,
                                      dict(zip(red.reduce_axes, map(as_expr, point)))), ranges)
             for point in points]
     checks = list(dict.fromkeys(atom for tap in taps for n in walk(tap)
                                 if isinstance(n, Select) for atom in _conjuncts(n.cond)))
-    if (len(points) > MAX_UNROLLED or len(checks) > MAX_CHECKS
-            or any(col in free_vars(c) for c in checks)):
+    if len(checks) > MAX_CHECKS or any(col in free_vars(c) for c in checks):
         return None
 
     def row_pass(holds: dict[Expr, bool]) -> Stmt:
         value = identity_of(red.reduce_op, red.dtype)
         for tap in taps:
             value = combine(red.reduce_op, value, rewrite(tap, lambda n: _resolved(n, holds)))
-        result = rewrite(pattern.epilogue, lambda n: value if isinstance(n, Load)
-                         and n.buffer == red.buffer else None)
-        return For(col, width, Store(pattern.output, red.axes, result), "vectorize")
+        return For(col, width, _store(pattern, value), "vectorize")
 
     def branches(holds: dict[Expr, bool]) -> Stmt:
         if len(holds) == len(checks):

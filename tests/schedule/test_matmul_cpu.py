@@ -222,9 +222,9 @@ def test_left_packed_once_for_a_row_of_tiles(m, n, k, cfg):
     a, b = Buffer("a", float32, (m, k)), Buffer("b", float32, (k, n))
     c = reduce("c", [m, n], [k], lambda i, j, r: a[i, r] * b[r, j])
     kernel = schedule_gemm("gemm", [a, b], match_gemm(c), cfg)
-    # The panels of every K block: [blocks, panels of rows, block_k, rows of a panel].
+    # The panels of every K block: [blocks, panels of rows, rows of a panel, block_k + pad].
     (workspace,) = kernel.workspaces
-    blocks, panels, depth, rows = [evaluate(d) for d in workspace.shape]
+    blocks, panels, rows, depth = [evaluate(d) for d in workspace.shape]
     assert blocks * depth >= k and panels * rows >= m
     x, y = random_array((m, k), seed=m), random_array((k, n), seed=n)
     out = np.full((m, n), np.nan, np.float32)
@@ -295,8 +295,8 @@ def test_constant_right_factor_streamed_in_one_pass(m):
     c = reduce("c", [m, n], [k], lambda i, j, r: a[i, r] * w[r, j])
     wv = random_array((k, n), seed=3)
     kernel, panels = _laid_out_once([a, w], c, {w: wv}, GemmConfig())
-    # One K block: the left factor's panels are [1 block, 1 micro-panel, K, m].
-    assert f"float32[1, 1, {k}, {m}]" in str(kernel.kernel.function)
+    # One K block: the left factor's panels are [1 block, 1 micro-panel, m, K + a line].
+    assert f"float32[1, 1, {m}, {k + 16}]" in str(kernel.kernel.function)
     x = random_array((m, k), seed=4)
     out = np.full((m, n), np.nan, np.float32)
     kernel(x, out, panels)

@@ -40,9 +40,11 @@ def test_chain_reuses_arena_memory():
     assert_close(model(value)[0], reference_chain(value, 8))
     plan = next(iter(model._plans.values()))
     one_tensor = 5 * 64 * 4
-    # Three intermediates between four kernels live one step each: two buffers suffice.
+    # Three intermediates between four kernels live one step each, as does each kernel's
+    # workspace of exponentials (and its row maxima and sums, a line each): three tensors'
+    # worth suffice, where eight would without reuse.
     assert len(model.steps) == 4
-    assert plan.arena_bytes <= 2 * (one_tensor + 64)
+    assert plan.arena_bytes <= 3 * (one_tensor + 64)
 
 
 def test_profile_times_every_kernel():

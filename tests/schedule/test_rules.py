@@ -7,7 +7,7 @@ import pytest
 
 from treadle.ir import dtypes
 from treadle.ir.compute import compute, reduce
-from treadle.ir.expr import Buffer, Load, Var, call
+from treadle.ir.expr import Buffer, Call, Load, Var, call
 from treadle.ir.functor import walk
 from treadle.ir.stmt import Accumulate, For, Store
 from treadle.ir.verify import verify
@@ -74,3 +74,38 @@ def test_softmax_rows_share_one_parallel_loop_with_row_values_hoisted():
     interpret(func, xs, y, np.empty((4, 1), np.float32), np.empty((4, 1), np.float32))
     e = np.exp(xs - xs.max(axis=1, keepdims=True))
     np.testing.assert_allclose(y, e / e.sum(axis=1, keepdims=True), rtol=1e-6, atol=1e-7)
+
+
+def _shared_row_value(value):
+    """max, ``value`` of the row-shifted input (an injective compute), its row sum, and
+    ``value`` over the sum: the shape of softmax."""
+    n, k = Var("N"), Var("K")
+    x = Buffer("x", dtypes.float32, (n, k))
+    high = reduce("max", [n, 1], [k], lambda i, _, r: x[i, r], "max")
+    shared = compute("e", [n, k], lambda i, j: value(x[i, j] - high[i, 0]))
+    total = reduce("sum", [n, 1], [k], lambda i, _, r: shared[i, r])
+    out = compute("out", [n, k], lambda i, j: shared[i, j] / total[i, 0])
+    return schedule_computes("softmax", [x], [out])
+
+
+@pytest.mark.parametrize("rows, cols", [(4, 9), (3, 1), (7, 131)])
+def test_costly_value_read_by_the_sum_and_the_output_is_computed_once(rows, cols):
+    kernel = _shared_row_value(lambda v: call("exp", v))
+    func = kernel.function
+    verify(func)
+    # exp once per element, into a workspace, in the same parallel loop over rows.
+    assert sum(isinstance(n, Call) and n.func == "exp" for n in walk(func.body)) == 1
+    assert len(kernel.workspaces) == 3  # the maximum, the exponentials, the sum
+    assert [n.kind for n in walk(func.body) if isinstance(n, For)].count("parallel") == 1
+    xs = np.random.default_rng(rows).standard_normal((rows, cols)).astype(np.float32)
+    y = np.empty_like(xs)
+    interpret(func, xs, y, np.empty((rows, 1), np.float32), np.empty_like(xs),
+              np.empty((rows, 1), np.float32))
+    e = np.exp(xs - xs.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(y, e / e.sum(axis=1, keepdims=True), rtol=1e-6, atol=1e-7)
+
+
+def test_cheap_value_read_twice_is_inlined_into_both():
+    kernel = _shared_row_value(lambda v: v * 2.0)
+    assert len(kernel.workspaces) == 2  # the maximum and the sum only
+    assert sum(isinstance(n, Store) and n.buffer.name == "e" for n in walk(kernel.function.body)) == 0

@@ -2,7 +2,9 @@
 
 Rules, applied to the computes an operator defines:
 * an injective compute used by another is inlined into it (its expression substituted at
-  each load), so element-wise chains become one expression;
+  each load), so element-wise chains become one expression — except one holding a costly
+  call (exp, erf ...) that several materialised tensors read (softmax's exponentials,
+  read by the sum and by the output), which is materialised once instead;
 * every output and every reduction another compute reads is materialised, reductions
   first: outputs in the operator's buffers, intermediate reductions in workspaces;
 * a materialised tensor is a loop nest whose outer dimensions are flattened into one
@@ -17,10 +19,10 @@ Rules, applied to the computes an operator defines:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Collection, Sequence
 
 from treadle.ir.compute import Compute, identity_of, producer_of
-from treadle.ir.expr import Buffer, Const, Expr, Load, Var, as_expr
+from treadle.ir.expr import Buffer, Call, Const, Expr, Load, Var, as_expr
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.mapping import unravel
 from treadle.ir.stmt import (Accumulate, Assert, DeclBuffer, For, ForTask, Function, Let, Seq,
@@ -49,8 +51,9 @@ class Kernel:
 def schedule_computes(name: str, inputs: Sequence[Buffer | None], outputs: Sequence[Compute],
                       checks: Sequence[tuple[Expr, str]] = ()) -> Kernel:
     computes = reachable(outputs)
-    inline = Inliner(computes)
-    materialised = _materialise_order(outputs, computes)
+    shared = _shared_costly(outputs, computes)
+    inline = Inliner(computes, shared)
+    materialised = _materialise_order(outputs, computes, shared)
     workspaces = tuple(c.buffer for c in materialised if c not in outputs)
     body = [Assert(cond, message) for cond, message in checks]
     body += [_loop_nest(group, inline) for group in _row_groups(materialised, inline)]
@@ -126,8 +129,32 @@ def reachable(outputs: Sequence[Compute]) -> dict[Buffer, Compute]:
     return found
 
 
-def _materialise_order(outputs: Sequence[Compute], computes: dict[Buffer, Compute]) -> list[Compute]:
-    """Reductions read by others, then outputs, each after everything it depends on."""
+# Calls that cost more than storing and reloading their result in cache.
+COSTLY_CALLS = frozenset({"exp", "log", "erf", "tanh", "sin", "cos"})
+
+
+def _shared_costly(outputs: Sequence[Compute], computes: dict[Buffer, Compute]) -> set[Buffer]:
+    """Injective computes with a costly call that two or more of the tensors materialised
+    anyway (reductions, outputs) would each inline: computed once, into a workspace."""
+    readers: dict[Buffer, set[Buffer]] = {}
+
+    def inlined_into(c: Compute, root: Buffer) -> None:
+        for load in c.loads():
+            d = computes.get(load.buffer)
+            if d is not None and not d.is_reduction and d not in outputs:
+                readers.setdefault(d.buffer, set()).add(root)
+                inlined_into(d, root)
+    for c in computes.values():
+        if c.is_reduction or c in outputs:
+            inlined_into(c, c.buffer)
+    return {b for b, roots in readers.items() if len(roots) > 1 and any(
+        isinstance(n, Call) and n.func in COSTLY_CALLS for n in walk(computes[b].value))}
+
+
+def _materialise_order(outputs: Sequence[Compute], computes: dict[Buffer, Compute],
+                       shared: set[Buffer]) -> list[Compute]:
+    """Reductions read by others, ``shared`` computes, then outputs, each after everything
+    it depends on."""
     order: list[Compute] = []
 
     def needs(c: Compute) -> list[Compute]:
@@ -136,7 +163,7 @@ def _materialise_order(outputs: Sequence[Compute], computes: dict[Buffer, Comput
             d = computes.get(load.buffer)
             if d is None:
                 continue
-            deps += [d] if d.is_reduction or d in outputs else needs(d)
+            deps += [d] if d.is_reduction or d in outputs or d.buffer in shared else needs(d)
         return deps
 
     def visit(c: Compute) -> None:
@@ -151,17 +178,19 @@ def _materialise_order(outputs: Sequence[Compute], computes: dict[Buffer, Comput
 
 
 class Inliner:
-    """Substitutes every injective compute at its loads, recursively; reductions stay loads."""
+    """Substitutes every injective compute at its loads, recursively; reductions and the
+    computes in ``keep`` (materialised) stay loads."""
 
-    def __init__(self, computes: dict[Buffer, Compute]):
+    def __init__(self, computes: dict[Buffer, Compute], keep: Collection[Buffer] = ()):
         self.computes = computes
+        self.keep = frozenset(keep)
 
     def __call__(self, expr: Expr) -> Expr:
         def visit(node):
             if not isinstance(node, Load):
                 return None
             c = self.computes.get(node.buffer)
-            if c is None or c.is_reduction:
+            if c is None or c.is_reduction or node.buffer in self.keep:
                 return None
             return self(substitute(c.value, dict(zip(c.axes, node.indices))))
         return rewrite(expr, visit)
@@ -213,13 +242,14 @@ def _loop_nest(group: list[Compute], inline: Inliner) -> Stmt:
 
 
 def _hoist_row_values(stmt: Stmt, earlier: set[Buffer], j: Var) -> tuple[list[Let], Stmt]:
-    """Binds the loads of ``earlier`` computes that do not vary along ``j`` (a row's
-    maximum, its sum) before the loop: inside a parallel region gcc no longer knows the
+    """Binds the loads of ``earlier`` computes that vary neither along ``j`` nor along an
+    axis bound inside ``stmt`` (a row's maximum, its sum) before the loop: inside a parallel region gcc no longer knows the
     buffers do not alias, and would reload them each iteration and not vectorise."""
     lets: dict[Load, Let] = {}
+    inner = bound_vars(stmt) | {j}  # a reduction's own axes vary inside the row too
     for n in walk(stmt):
         if isinstance(n, Load) and n.buffer in earlier and n not in lets and not any(
-                j in free_vars(i) for i in n.indices):
+                free_vars(i) & inner for i in n.indices):
             lets[n] = Let(Var(f"{n.buffer.name}_at_{j.name}", n.dtype), n)
     hoisted = rewrite(stmt, lambda n: lets[n].var if isinstance(n, Load) and n in lets else None)
     return list(lets.values()), hoisted

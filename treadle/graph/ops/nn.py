@@ -79,12 +79,18 @@ def _softmax(ctx: OpContext, log: bool):
 
     def shifted(i):
         return cast(x[i], work) - high[project(i, axes, True)]
-    total = reduce_axes("sum", x.shape, axes, True, lambda j: call("exp", shifted(j)), "sum")
-
-    def element(*i):
-        s = total[project(i, axes, True)]
-        return shifted(i) - call("log", s) if log else call("exp", shifted(i)) / s
-    return [compute("logsoftmax" if log else "softmax", x.shape, element, x.dtype)]
+    if log:
+        total = reduce_axes("sum", x.shape, axes, True, lambda j: call("exp", shifted(j)), "sum")
+        return [compute("logsoftmax", x.shape,
+                        lambda *i: shifted(i) - call("log", total[project(i, axes, True)]),
+                        x.dtype)]
+    # The sum and the output both read each exponential: one tensor of them, which the
+    # rule-based schedule materialises (see rules._shared_costly) rather than inlining it
+    # into both, so exp runs once per element.
+    exps = compute("exp", x.shape, lambda *i: call("exp", shifted(i)))
+    total = reduce_axes("sum", x.shape, axes, True, lambda j: exps[j], "sum")
+    return [compute("softmax", x.shape,
+                    lambda *i: exps[i] / total[project(i, axes, True)], x.dtype)]
 
 
 register("Softmax")(lambda ctx: _softmax(ctx, log=False))

@@ -31,7 +31,7 @@ import numpy as np
 import treadle
 from common import RELATIVE_TOLERANCE, enter_treadle_settings, exported, relative_error
 from treadle.models import MODELS
-from treadle.timing import IDLE_S, load_note, median_seconds, onnxruntime_session
+from treadle.timing import IDLE_S, interleaved_medians, load_note, onnxruntime_session
 
 SEQUENCE_LENGTHS = {False: (1, 7, 64, 128), True: (1, 7, 16, 64)}  # by --reduced
 
@@ -56,8 +56,9 @@ def compare(label: str, compiled, session, inputs: dict, repeat: int,
     expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
     actual = dict(zip(compiled.output_names, compiled(**inputs)))
     time.sleep(IDLE_S)  # let ONNX Runtime's spinning threads settle before timing
-    ours = median_seconds(lambda: compiled(**inputs), repeat) * 1e3
-    theirs = median_seconds(lambda: session.run(None, inputs), repeat) * 1e3
+    seconds = interleaved_medians({"treadle": lambda: compiled(**inputs),
+                                   "onnxruntime": lambda: session.run(None, inputs)}, repeat)
+    ours, theirs = seconds["treadle"] * 1e3, seconds["onnxruntime"] * 1e3
     rows = []
     for name, want in expected.items():
         got = actual.get(name)

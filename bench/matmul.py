@@ -11,9 +11,10 @@ Every system runs on the same number of threads (2 by default). Each shape is co
 ``treadle.compile(model, tune=level)`` in a fresh kernel and record cache (``--warm-cache``
 uses the user's), so the "tune s" column is a cold compile including the tuning. ONNX
 Runtime runs a MatMul node whose B is an initializer, as a converted model would. Times
-are medians of ``--repeat`` calls after warm-up; systems are timed one after the other
-with an idle gap between them, since ONNX Runtime's and the BLAS's worker threads spin for
-tens of milliseconds after a call and would steal cores from whichever system ran next.
+are medians of ``--repeat`` calls after warm-up, taken in rounds that visit the systems in
+turn (a busy spell slows all of them alike), with an idle gap after each system's turn,
+since ONNX Runtime's and the BLAS's worker threads spin for tens of milliseconds after a
+call and would steal cores from whichever system ran next.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from treadle.timing import load_note, median_seconds, onnxruntime_session  # noqa: E402
+from treadle.timing import interleaved_medians, load_note, onnxruntime_session  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
 IDLE_GAP_S = 0.25
@@ -112,11 +113,8 @@ def bench_shape(shape: Shape, level: int, repeat: int) -> tuple[dict[str, float]
     a = rng.standard_normal(shape.a_shape(), dtype=np.float32)
     b = rng.standard_normal(shape.b_shape(), dtype=np.float32)
     runs, tune_s = systems(shape, a, b, level)
-    gflops = {}
-    for name, fn in runs:
-        time.sleep(IDLE_GAP_S)
-        gflops[name] = shape.flops / median_seconds(fn, repeat, warmup=3) / 1e9
-    return gflops, tune_s
+    seconds = interleaved_medians(dict(runs), repeat, IDLE_GAP_S)
+    return {name: shape.flops / s / 1e9 for name, s in seconds.items()}, tune_s
 
 
 def report(shape: Shape, gflops: dict[str, float], tune_s: float) -> None:

@@ -35,14 +35,13 @@ import contextlib
 import json
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -51,10 +50,8 @@ from common import RELATIVE_TOLERANCE, enter_treadle_settings, exported, relativ
 from treadle.config import config
 from treadle.models import MODELS, build
 from treadle.models.export import OPSET
-from treadle.timing import IDLE_S, load_note, onnxruntime_session
+from treadle.timing import interleaved_medians, load_note, onnxruntime_session
 
-ROUND = 5  # timed calls per system and round
-WARMUP = 2  # untimed calls per system before the first round
 
 
 @dataclass(frozen=True)
@@ -91,26 +88,6 @@ class Result:
 
 
 # ---- timing --------------------------------------------------------------------------------
-
-def interleaved_medians(runs: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
-    """The median seconds of each callable over at least ``repeat`` timed calls, taken in
-    rounds that visit every callable in turn."""
-    per_round = min(ROUND, repeat)
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for fn in runs.values():
-        for _ in range(WARMUP):
-            fn()
-        time.sleep(IDLE_S)
-    for _ in range(math.ceil(repeat / per_round)):
-        for name, fn in runs.items():
-            fn()  # the first call after the gap wakes the worker threads
-            for _ in range(per_round):
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-            time.sleep(IDLE_S)
-    return {name: statistics.median(t) for name, t in times.items()}
-
 
 # ---- the systems ---------------------------------------------------------------------------
 

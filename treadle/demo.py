@@ -15,7 +15,7 @@ import numpy as np
 
 import treadle
 from treadle.config import config
-from treadle.timing import load_note, median_seconds, onnxruntime_session
+from treadle.timing import interleaved_medians, load_note, onnxruntime_session
 
 REPEATS = 30
 DEFAULT_MODELS = ("mobilenet_v2", "bert")
@@ -32,8 +32,9 @@ def demo(name: str, folder: Path, repeats: int) -> None:
     session = onnxruntime_session(spec.path, config.num_threads)
     reference = session.run(None, inputs)[0]
     error = float(np.abs(ours - reference).max() / max(np.abs(reference).max(), 1e-30))
-    treadle_ms = median_seconds(lambda: model(**inputs), repeats) * 1e3
-    ort_ms = median_seconds(lambda: session.run(None, inputs), repeats) * 1e3
+    seconds = interleaved_medians({"treadle": lambda: model(**inputs),
+                                   "onnxruntime": lambda: session.run(None, inputs)}, repeats)
+    treadle_ms, ort_ms = seconds["treadle"] * 1e3, seconds["onnxruntime"] * 1e3
     print(f"{name:<14} compile {compile_s:6.1f} s   treadle {treadle_ms:8.2f} ms   "
           f"onnxruntime {ort_ms:8.2f} ms   speed vs onnxruntime {ort_ms / treadle_ms:5.2f}x   "
           f"relative error {error:.1e}")

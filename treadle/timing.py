@@ -1,9 +1,9 @@
 """Timing helpers shared by the demo and the benchmark scripts.
 
-Medians over repeated runs interleaved across the systems compared, an idle gap after each system (ONNX Runtime's and BLAS's
-worker threads keep spinning for tens of milliseconds after a run and would slow whatever
-runs next), and a note when the machine is busy, since another process on one of two
-cores slows 2-thread code several times over.
+Medians over repeated runs interleaved across the systems compared, an idle gap after
+each system's turn (ONNX Runtime's and BLAS's worker threads keep spinning for tens of
+milliseconds after a run and would slow whatever runs next), and a note when the machine
+is busy, since another process on one of two cores slows 2-thread code several times over.
 """
 from __future__ import annotations
 

@@ -141,7 +141,8 @@ def _shared_costly(outputs: Sequence[Compute], computes: dict[Buffer, Compute]) 
     def inlined_into(c: Compute, root: Buffer) -> None:
         for load in c.loads():
             d = computes.get(load.buffer)
-            if d is not None and not d.is_reduction and d not in outputs:
+            if d is not None and not d.is_reduction and d not in outputs \
+                    and root not in readers.get(d.buffer, ()):  # each compute once per root
                 readers.setdefault(d.buffer, set()).add(root)
                 inlined_into(d, root)
     for c in computes.values():
@@ -243,8 +244,9 @@ def _loop_nest(group: list[Compute], inline: Inliner) -> Stmt:
 
 def _hoist_row_values(stmt: Stmt, earlier: set[Buffer], j: Var) -> tuple[list[Let], Stmt]:
     """Binds the loads of ``earlier`` computes that vary neither along ``j`` nor along an
-    axis bound inside ``stmt`` (a row's maximum, its sum) before the loop: inside a parallel region gcc no longer knows the
-    buffers do not alias, and would reload them each iteration and not vectorise."""
+    axis bound inside ``stmt`` (a row's maximum, its sum) before the loop: inside a
+    parallel region gcc no longer knows the buffers do not alias, and would reload them
+    each iteration and not vectorise."""
     lets: dict[Load, Let] = {}
     inner = bound_vars(stmt) | {j}  # a reduction's own axes vary inside the row too
     for n in walk(stmt):

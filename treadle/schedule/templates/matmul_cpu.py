@@ -193,7 +193,7 @@ def check_config(cfg: GemmConfig, threads: int) -> None:
 def _check_stack(gemm: _Gemm, threads: int) -> None:
     """The config, clamped to the problem, must fit its buffers on the stack."""
     cfg = gemm.cfg
-    a_floats = 0 if _in_place(gemm)[0] else cfg.block_m * cfg.block_k
+    a_floats = 0 if _in_place(gemm)[0] else cfg.block_m * _left_row(cfg)
     floats = a_floats + _b_pack_floats(gemm) + _output_floats(cfg)
     if 4 * floats > STACK_BYTES:
         raise ScheduleConfigError(f"panels and accumulator of {cfg} need {4 * floats} bytes "
@@ -714,13 +714,13 @@ def _one_row_of_tiles(gemm: _Gemm) -> bool:
             and _num_tiles(gemm) > 1):
         return False
     target = host()
-    packed_bytes = 4 * ceil_div(K, cfg.block_k) * cfg.block_m * cfg.block_k
+    packed_bytes = 4 * ceil_div(K, cfg.block_k) * cfg.block_m * _left_row(cfg)
     return packed_bytes <= target.cores * target.l2_bytes
 
 
 def _whole_left_buffer(gemm: _Gemm) -> Buffer:
     """The workspace of the left factor's panels for every K block, [blocks,
-    block_m / micro_m, block_k, micro_m] (see _one_row_of_tiles)."""
+    block_m / micro_m, micro_m, block_k + a line] (see _one_row_of_tiles, _left_row)."""
     cfg = gemm.cfg
     blocks = ceil_div(gemm.size("k"), cfg.block_k)
     return Buffer("a_all", float32, (blocks, cfg.block_m // cfg.micro_m, cfg.micro_m,

@@ -31,7 +31,7 @@ import numpy as np
 import treadle
 from common import RELATIVE_TOLERANCE, enter_treadle_settings, exported, relative_error
 from treadle.models import MODELS
-from treadle.timing import IDLE_S, interleaved_medians, load_note, onnxruntime_session
+from treadle.timing import interleaved_medians, load_note, onnxruntime_session
 
 SEQUENCE_LENGTHS = {False: (1, 7, 64, 128), True: (1, 7, 16, 64)}  # by --reduced
 
@@ -55,7 +55,6 @@ def compare(label: str, compiled, session, inputs: dict, repeat: int,
             compile_s: float) -> list[Row]:
     expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
     actual = dict(zip(compiled.output_names, compiled(**inputs)))
-    time.sleep(IDLE_S)  # let ONNX Runtime's spinning threads settle before timing
     seconds = interleaved_medians({"treadle": lambda: compiled(**inputs),
                                    "onnxruntime": lambda: session.run(None, inputs)}, repeat)
     ours, theirs = seconds["treadle"] * 1e3, seconds["onnxruntime"] * 1e3

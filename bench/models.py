@@ -53,7 +53,6 @@ from treadle.models.export import OPSET
 from treadle.timing import interleaved_medians, load_note, onnxruntime_session
 
 
-
 @dataclass(frozen=True)
 class Benchmark:
     model: str  # a zoo name
@@ -86,8 +85,6 @@ class Result:
         theirs = self.ms.get(baseline)
         return None if theirs is None else theirs / self.ms["treadle"]
 
-
-# ---- timing --------------------------------------------------------------------------------
 
 # ---- the systems ---------------------------------------------------------------------------
 

@@ -7,14 +7,13 @@ are K. The template never learns which operator it serves: it packs panels by ev
 the factors at unravelled (batch, m, k) and (batch, k, n) positions, so a convolution's
 im2col addressing happens inside the packing step and no im2col buffer exists.
 
-Work distribution: threads are the workers of a cyclic mapping over macro-tiles
-``repeat(rounds) * spatial(threads)``. For each K block a macro-tile packs both factors
-into micro-panels, ``[block_m / micro_m][micro_m][block_k]`` (rows of A) and
-``[block_n / micro_n][block_k][micro_n]``, so the micro-kernel walks each row of A and
-B's micro-panel linearly; the last micro-panel of a ragged edge is padded (local
+Work distribution: the macro-tiles are the iterations of a parallel loop (each thread
+takes a contiguous run of them). For each K block a macro-tile packs both factors into micro-panels, ``[block_m / micro_m][micro_m][block_k]`` (rows of
+A) and ``[block_n / micro_n][block_k][micro_n]``, so the micro-kernel walks each row of A
+and B's micro-panel linearly; the last micro-panel of a ragged edge is padded (local
 padding: rows of A repeat the last, columns of B are zero), so the micro-kernel never
-checks bounds. The micro-kernel is a fully unrolled register tile of
-AVX2 fused multiply-adds; it starts from zero in the first K block and from the
+checks bounds. The micro-kernel is a fully unrolled register tile of AVX2 fused
+multiply-adds; it starts from zero in the first K block and from the
 accumulator after that, and in the last K block stores its results straight to the
 output (through the epilogue). A right factor that reads only constants (weights) is
 laid out in micro-panel order once, at compile time, never packed at run time, and
@@ -390,7 +389,7 @@ def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPatte
         for cond, message in checks:
             fb.assert_(cond, message)
         if gemm.cfg.split_k == 1:
-            _whole_k(fb, gemm, out, threads, left)
+            _whole_k(fb, gemm, out, left)
         else:
             _split_k(fb, gemm, out, threads)
     return canonical_kernel(fb.function, inputs, 1, (panels,) if panels else ())
@@ -432,18 +431,15 @@ def _num_tiles(gemm: _Gemm):
             * ceil_div(gemm.size("n"), cfg.block_n))
 
 
-def _whole_k(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, threads: int,
-             left: Buffer | None) -> None:
-    cfg, tiles = gemm.cfg, _num_tiles(gemm)
+def _whole_k(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, left: Buffer | None) -> None:
+    cfg = gemm.cfg
     if left is not None:
-        _pack_whole_left(fb, gemm, left, threads)
-    for thread in fb.range(threads, kind="parallel", name="thread"):
-        for (t,) in (repeat(ceil_div(tiles, threads)) * spatial(threads)).on(thread):
-            with fb.if_(t < tiles):
-                tile = _Tile(fb, gemm, t)
-                acc = fb.buffer("acc", float32, [cfg.block_m, cfg.block_n])
-                _accumulate(fb, gemm, tile, acc, (), 0, gemm.size("k"), left,
-                            lambda rows, p: _store_rows(fb, gemm, out, tile, rows, p))
+        _pack_whole_left(fb, gemm, left)
+    for t in fb.range(_num_tiles(gemm), kind="parallel", name="tile"):
+        tile = _Tile(fb, gemm, t)
+        acc = fb.buffer("acc", float32, [cfg.block_m, cfg.block_n])
+        _accumulate(fb, gemm, tile, acc, (), 0, gemm.size("k"), left,
+                    lambda rows, p: _store_rows(fb, gemm, out, tile, rows, p))
 
 
 def _store_rows(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, tile: _Tile, rows: Buffer,
@@ -480,19 +476,17 @@ def _split_k(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, threads: int) -> Non
                     k_begin = fb.let("k_begin", _min(part * k_part, K))
                     k_len = fb.let("k_len", _min(k_part, K - k_begin))
                     _accumulate(fb, gemm, tile, partials, (g * parts + part,), k_begin, k_len)
-        for thread in fb.range(threads, kind="parallel", name="thread"):
-            rows = repeat(ceil_div(cfg.block_m, threads)) * spatial(threads)
-            for g in fb.range(groups, name="g"):
+        for row in fb.range(groups * cfg.block_m, kind="parallel", name="row"):
+            for g, i in spatial(groups, cfg.block_m).on(row):
                 with fb.if_(rnd * groups + g < tiles):
                     tile = _Tile(fb, gemm, rnd * groups + g)
-                    for (i,) in rows.on(thread):
-                        with fb.if_(i < tile.rows):
-                            m = gemm.coords(fb, "m", tile.row0 + i)
-                            for j in fb.range(tile.cols, name="j"):
-                                total = fb.scalar("total", float32, 0.0)
-                                for p in fb.range(parts, name="p"):
-                                    total[()] = total[()] + partials[g * parts + p, i, j]
-                                _store(fb, gemm, out, tile, m, j, total[()])
+                    with fb.if_(i < tile.rows):
+                        m = gemm.coords(fb, "m", tile.row0 + i)
+                        for j in fb.range(tile.cols, name="j"):
+                            total = fb.scalar("total", float32, 0.0)
+                            for p in fb.range(parts, name="p"):
+                                total[()] = total[()] + partials[g * parts + p, i, j]
+                            _store(fb, gemm, out, tile, m, j, total[()])
 
 
 def _store(fb: FunctionBuilder, gemm: _Gemm, out: Buffer, tile: _Tile, m: dict, j,
@@ -727,16 +721,13 @@ def _whole_left_buffer(gemm: _Gemm) -> Buffer:
                                      _left_row(cfg)))
 
 
-def _pack_whole_left(fb: FunctionBuilder, gemm: _Gemm, left: Buffer, threads: int) -> None:
-    """Packs every K block of the left factor into ``left``, the threads taking K blocks
-    in turn; the products start once all are packed (the next parallel loop)."""
+def _pack_whole_left(fb: FunctionBuilder, gemm: _Gemm, left: Buffer) -> None:
+    """Packs every K block of the left factor into ``left``, a K block per iteration of a
+    parallel loop; the products start once all are packed (the next parallel loop)."""
     K = gemm.size("k")
     rows = _Tile(fb, gemm, 0)
-    blocks = ceil_div(K, gemm.cfg.block_k)
-    for thread in fb.range(threads, kind="parallel", name="thread"):
-        for (kb,) in (repeat(ceil_div(blocks, threads)) * spatial(threads)).on(thread):
-            with fb.if_(kb < blocks):
-                _pack_left(fb, gemm, rows, _k_block(fb, gemm, kb, 0, K), _Slab(left, kb))
+    for kb in fb.range(ceil_div(K, gemm.cfg.block_k), kind="parallel", name="kb"):
+        _pack_left(fb, gemm, rows, _k_block(fb, gemm, kb, 0, K), _Slab(left, kb))
 
 
 def _pack_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, block: _KBlock,

@@ -17,6 +17,15 @@ def test_defaults_and_values_from_environment():
     assert (custom.num_threads, custom.verify, custom.cc) == (3, True, "clang")
 
 
+@pytest.mark.parametrize("env, pinned", [
+    ({}, True), ({"TREADLE_PIN_WORKERS": "0"}, False), ({"OMP_PROC_BIND": "close"}, False),
+    ({"GOMP_CPU_AFFINITY": "0-3"}, False),
+    ({"OMP_PLACES": "cores", "TREADLE_PIN_WORKERS": "1"}, True),
+])
+def test_workers_pinned_unless_openmp_placement_is_set(env, pinned):
+    assert from_environment(env).pin_workers is pinned
+
+
 @pytest.mark.parametrize("bad", ["0", "-2", "two"])
 def test_bad_thread_count_is_named(bad):
     with pytest.raises(ValueError, match="TREADLE_NUM_THREADS"):

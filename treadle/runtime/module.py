@@ -24,6 +24,7 @@ from treadle.ir.expr import Buffer
 from treadle.ir.functor import walk
 from treadle.ir.lower import lower
 from treadle.ir.stmt import Function, Module, Store
+from treadle.runtime.affinity import pin_workers
 from treadle.runtime.arguments import bind_arguments
 
 # ctypes types of scalar parameters, by dtype name.
@@ -133,6 +134,7 @@ def load(path: Path | str, functions: Sequence[Function]) -> CompiledModule:
     library.treadle_set_num_threads.argtypes = [ctypes.c_int]
     library.treadle_set_num_threads.restype = None
     library.treadle_set_num_threads(config.num_threads)
+    pin_workers()
     return CompiledModule(Path(path), {f.name: CompiledFunction(library, f, Path(path))
                                           for f in functions})
 

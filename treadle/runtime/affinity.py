@@ -43,7 +43,8 @@ _guard = threading.Lock()
 def pin_workers() -> None:
     """Pins the worker threads of the calling thread's OpenMP team (see module doc)."""
     threads = config.num_threads
-    if not config.pin_workers or threads < 2:
+    # sched_setaffinity is Linux's; elsewhere the workers stay where the OS puts them.
+    if not (config.pin_workers and threads >= 2 and hasattr(os, "sched_setaffinity")):
         return
     cores = sorted(os.sched_getaffinity(0))
     if threads > len(cores):

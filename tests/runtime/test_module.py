@@ -143,13 +143,14 @@ def test_workers_pinned_to_cores_of_their_own_and_the_caller_left_alone():
 def test_workers_of_another_calling_thread_are_pinned_when_it_loads_kernels():
     cores = sorted(os.sched_getaffinity(0))
 
-    def load_and_name_workers():
+    def load_and_read_the_workers_mask():
         compile_module(Module("pinned_elsewhere", (_fill(),)))
         ids = (ctypes.c_int64 * 2)()
         affinity._library().treadle_thread_ids(2, ids)
-        return ids[1]
+        # Read while this thread lives: its workers exit with it.
+        return os.sched_getaffinity(ids[1])
 
     with override(num_threads=2, pin_workers=True):
         with ThreadPoolExecutor(1) as pool:
-            worker = pool.submit(load_and_name_workers).result()
-    assert os.sched_getaffinity(worker) == {cores[1]}
+            mask = pool.submit(load_and_read_the_workers_mask).result()
+    assert mask == {cores[1]}

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import threading
 
 from treadle.backend.build import build
 from treadle.config import config
@@ -36,10 +35,6 @@ void treadle_thread_ids(int32_t threads, int64_t *ids) {
 }
 """
 
-_pinned: set[int] = set()  # thread ids already pinned
-_guard = threading.Lock()
-
-
 def pin_workers() -> None:
     """Pins the worker threads of the calling thread's OpenMP team (see module doc)."""
     threads = config.num_threads
@@ -51,15 +46,11 @@ def pin_workers() -> None:
         return
     ids = (ctypes.c_int64 * threads)()
     _library().treadle_thread_ids(threads, ids)
-    with _guard:
-        for number in range(1, threads):
-            if ids[number] in _pinned:
-                continue
-            try:
-                os.sched_setaffinity(ids[number], {cores[number]})
-            except OSError:  # not permitted here (a container's policy): run unpinned
-                return
-            _pinned.add(ids[number])
+    for number in range(1, threads):
+        try:
+            os.sched_setaffinity(ids[number], {cores[number]})
+        except OSError:  # not permitted here (a container's policy): run unpinned
+            return
 
 
 @functools.cache

@@ -6,6 +6,7 @@ lanes; vector values live in registers and are loaded from / stored to scalar bu
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,7 +47,7 @@ class DataType:
     def is_bool(self) -> bool:
         return self.kind == "bool"
 
-    @property
+    @functools.cached_property  # read on every call of a compiled model
     def numpy(self) -> np.dtype:
         """The numpy dtype holding one element; bfloat16 is stored as its raw uint16 bits."""
         if self.scalar.name == "bfloat16":

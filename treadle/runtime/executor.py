@@ -60,6 +60,7 @@ class _Plan:
     arena_words: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     arena_offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     copy_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    copy_bytes_address: int = 0
 
 
 def _size_bytes(dtype: DataType, shape: Sequence[int]) -> int:
@@ -186,7 +187,7 @@ class Executable:
         if value.ndim != len(slot.shape):
             raise ShapeError(f"input {slot.name!r}: expected rank {len(slot.shape)} "
                              f"{_format(slot.shape)}, got shape {value.shape}")
-        return np.require(value, requirements="C")
+        return value if value.flags.c_contiguous else np.ascontiguousarray(value)
 
     def _bind(self, arrays: Sequence[np.ndarray]) -> dict[Var, int]:
         symbols: dict[Var, int] = {}
@@ -323,6 +324,7 @@ class _RunnerTable:
         plan.copy_bytes = np.zeros(len(self.arity), np.int64)
         for step, out in self.copies:
             plan.copy_bytes[step] = _size_bytes(exe.slots[out].dtype, plan.shapes[out])
+        plan.copy_bytes_address = plan.copy_bytes.ctypes.data
 
     def run(self, plan: _Plan, base: int, values: dict[int, np.ndarray],
             symbols: Mapping[Var, int]) -> None:
@@ -334,7 +336,7 @@ class _RunnerTable:
         args = words[self.args]
         failed = ctypes.c_int64(-1)
         status = self.runner(len(self.arity), *self.table_addresses, args.ctypes.data,
-                             plan.copy_bytes.ctypes.data, ctypes.byref(failed))
+                             plan.copy_bytes_address, ctypes.byref(failed))
         if status != 0:
             self.kernels[failed.value].check_status(status)
 

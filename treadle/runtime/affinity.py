@@ -5,8 +5,8 @@ loop) is woken by the thread that reaches the next parallel loop, and Linux tend
 it on that thread's core when the machine has been idle: both threads then share one core
 until the scheduler moves one, and the first kernels of a call run at half speed or worse.
 A MobileNetV2 called every 100 ms took 15.6 ms instead of 4.8 (ONNX Runtime: 5.5); with
-its worker pinned, 6.1 ms, as a pinned worker wakes on its own core. The calling thread is left alone: it is the user's, and the
-threads it starts later would inherit its mask.
+its worker pinned, 6.1 ms, as a pinned worker wakes on its own core. The calling thread is
+left alone: it is the user's, and the threads it starts later would inherit its mask.
 
 Worker k (OpenMP thread number k >= 1, the same OS thread for every team of the same size)
 goes to the k-th core the calling thread may use. Nothing is pinned where there are more
@@ -34,6 +34,7 @@ void treadle_thread_ids(int32_t threads, int64_t *ids) {
     ids[omp_get_thread_num()] = (int64_t)syscall(SYS_gettid);
 }
 """
+
 
 def pin_workers() -> None:
     """Pins the worker threads of the calling thread's OpenMP team (see module doc)."""

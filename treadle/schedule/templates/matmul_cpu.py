@@ -8,17 +8,18 @@ the factors at unravelled (batch, m, k) and (batch, k, n) positions, so a convol
 im2col addressing happens inside the packing step and no im2col buffer exists.
 
 Work distribution: the macro-tiles are the iterations of a parallel loop (each thread
-takes a contiguous run of them). For each K block a macro-tile packs both factors into micro-panels, ``[block_m / micro_m][micro_m][block_k]`` (rows of
-A) and ``[block_n / micro_n][block_k][micro_n]``, so the micro-kernel walks each row of A
-and B's micro-panel linearly; the last micro-panel of a ragged edge is padded (local
-padding: rows of A repeat the last, columns of B are zero), so the micro-kernel never
-checks bounds. The micro-kernel is a fully unrolled register tile of AVX2 fused
-multiply-adds; it starts from zero in the first K block and from the
-accumulator after that, and in the last K block stores its results straight to the
-output (through the epilogue). A right factor that reads only constants (weights) is
-laid out in micro-panel order once, at compile time, never packed at run time, and
-prefetched a micro-panel ahead. Where every macro-tile spans the same rows, the threads
-first pack the left factor for all of K together, into a workspace every tile reads.
+takes a contiguous run of them). For each K block a macro-tile packs both factors into
+micro-panels, ``[block_m / micro_m][micro_m][block_k]`` (rows of A) and
+``[block_n / micro_n][block_k][micro_n]``, so the micro-kernel walks each row of A and
+B's micro-panel linearly; the last micro-panel of a ragged edge is padded (local padding:
+rows of A repeat the last, columns of B are zero), so the micro-kernel never checks
+bounds. The micro-kernel is a fully unrolled register tile of AVX2 fused multiply-adds;
+it starts from zero in the first K block and from the accumulator after that, and in the
+last K block stores its results straight to the output (through the epilogue). A right
+factor that reads only constants (weights) is laid out in micro-panel order once, at
+compile time, never packed at run time, and prefetched a micro-panel ahead. Where every
+macro-tile spans the same rows, the threads first pack the left factor for all of K
+together, into a workspace every tile reads.
 Blocks are clamped to the problem's constant sizes, so a small M, N or K costs no padded
 work, and shrunk to split M and N evenly over the threads (``_balanced``). A factor that
 only one register tile would read (M or N within one micro-tile: GEMV, tall-skinny) is

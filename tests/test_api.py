@@ -3,6 +3,8 @@ threads, and saved models that load without a compiler and refuse to be corrupte
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -89,6 +91,25 @@ def test_saved_model_loads_without_the_compiler(compiled, tmp_path):
         for size in (0, 1, 7, 64):
             x = random_array((size, 5), seed=size)
             np.testing.assert_array_equal(loaded(x)[0], compiled(x)[0])
+
+
+def test_saved_model_runs_in_a_fresh_process_without_compiler_or_cache(compiled, tmp_path):
+    """Nothing compiled in the process beforehand: the kernels, the step runner and the
+    thread pool all come from the saved folder."""
+    compiled.save(tmp_path / "saved")
+    x = random_array((13, 5), seed=5)
+    np.save(tmp_path / "x.npy", x)
+    script = ("import sys, numpy as np, treadle\n"
+              "model = treadle.load(sys.argv[1])\n"
+              "np.save(sys.argv[3], model(np.load(sys.argv[2]))[0])\n")
+    source = os.path.dirname(os.path.dirname(treadle.__file__))
+    env = {**os.environ, "TREADLE_CC": NO_COMPILER, "TREADLE_CACHE_DIR": str(tmp_path / "empty"),
+           "TREADLE_NUM_THREADS": "2",
+           "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "saved"), str(tmp_path / "x.npy"),
+                    str(tmp_path / "y.npy")], env=env, check=True, timeout=120)
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), compiled(x)[0])
+    assert not (tmp_path / "empty" / "kernels").exists()  # nothing was built
 
 
 def treadle_graph_that_needs_a_new_kernel() -> Graph:

@@ -23,7 +23,7 @@ def test_dump_writes_numbered_ir_and_source(tmp_path):
                   "03_simplify.txt"]
     assert "spatial(1, 4)" in (tmp_path / "scale" / "ir" / "00_input.txt").read_text()
     assert "for" in (tmp_path / "scale" / "ir" / "03_simplify.txt").read_text()
-    assert "#pragma omp parallel for" in (tmp_path / "scale" / "kernel.c").read_text()
+    assert "treadle_parallel_for(" in (tmp_path / "scale" / "kernel.c").read_text()
 
 
 def test_hostile_names_stay_inside_the_dump_folder(tmp_path):

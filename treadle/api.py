@@ -31,6 +31,7 @@ from treadle.compiler import compile_graph
 from treadle.errors import ModelError
 from treadle.graph.graph import Graph
 from treadle.graph.passes.infer_shapes import infer_shapes
+from treadle.runtime import pool
 from treadle.runtime.executor import Executable, Step
 from treadle.runtime.module import load as load_library
 from treadle.target.cpu import host
@@ -44,6 +45,7 @@ MANIFEST = "manifest.json"
 PROGRAM = "program.pkl"
 CONSTANTS = "constants.npz"
 RUNNER = "step_runner.so"  # the step runner (runtime.dispatch); older saves have none
+POOL = "thread_pool.so"  # the thread pool (runtime.pool); older saves have none
 FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # what a manifest may list
 
 
@@ -176,6 +178,8 @@ def _write(model: CompiledModel, folder: Path) -> None:
     if ex.runner is not None:
         shutil.copyfile(ex.runner, folder / RUNNER)
         names.append(RUNNER)
+    shutil.copyfile(pool.library_path(), folder / POOL)
+    names.append(POOL)
     files = {name: _sha256(folder / name) for name in names}
     # The kernels were compiled for this CPU's instruction-set extensions.
     manifest = {"format": FORMAT, "version": VERSION, "name": model.name,
@@ -204,6 +208,8 @@ def load(directory: str | os.PathLike) -> CompiledModel:
         if _sha256(path) != digest:
             raise ModelError(f"{path}: corrupt (its sha256 differs from the manifest's)")
     try:
+        if POOL in manifest["files"]:
+            pool.library_path(saved=folder / POOL)
         return _load_program(folder, RUNNER in manifest["files"])
     except (pickle.UnpicklingError, EOFError, ImportError, AttributeError, KeyError,
             TypeError, ValueError, OSError) as err:

@@ -9,8 +9,7 @@
 | TREADLE_CACHE_DIR    | cache_dir    | compiled kernels and tuning records (~/.cache/treadle) |
 | TREADLE_DUMP         | dump_dir     | write every IR after every pass and generated sources  |
 | TREADLE_NUM_THREADS  | num_threads  | worker threads of generated kernels (usable cores)     |
-| TREADLE_PIN_WORKERS  | pin_workers  | pin each kernel worker thread to a core (1), unless     |
-|                      |              | OMP_PROC_BIND, OMP_PLACES or GOMP_CPU_AFFINITY is set  |
+| TREADLE_PIN_WORKERS  | pin_workers  | pin each kernel worker thread to a core of its own (1) |
 | TREADLE_VERIFY       | verify       | verify the IR after every pass (1) or only at the end  |
 | TREADLE_CC           | cc           | the C compiler (gcc)                                   |
 """
@@ -40,14 +39,6 @@ class Config:
     cc: str
 
 
-# OpenMP's own placement variables: where the user sets one, the threads are theirs to place.
-OPENMP_PLACEMENT = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
-
-
-def _pin_default(env) -> str:
-    return "0" if any(name in env for name in OPENMP_PLACEMENT) else "1"
-
-
 def _positive_int(name: str, text: str) -> int:
     try:
         value = int(text)
@@ -65,7 +56,7 @@ def from_environment(env=os.environ) -> Config:
         cache_dir=Path(env.get("TREADLE_CACHE_DIR") or Path.home() / ".cache" / "treadle"),
         dump_dir=Path(dump) if dump else None,
         num_threads=_positive_int("TREADLE_NUM_THREADS", threads) if threads else _usable_cores(),
-        pin_workers=env.get("TREADLE_PIN_WORKERS", _pin_default(env)) not in ("", "0"),
+        pin_workers=env.get("TREADLE_PIN_WORKERS", "1") not in ("", "0"),
         verify=env.get("TREADLE_VERIFY", "0") not in ("", "0"),
         cc=env.get("TREADLE_CC") or "gcc",
     )

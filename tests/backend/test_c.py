@@ -41,12 +41,18 @@ def _scale_rows():
 
 # ---- generated text --------------------------------------------------------------------
 
-def test_signature_pointers_and_parallel_pragma():
+def test_signature_pointers_and_outlined_parallel_loop():
     text = generate([_scale_rows()])
     assert ("int32_t kernel_scale(int64_t M, int64_t K, const float *restrict A, "
             "float *restrict B) {") in text
-    assert "#pragma omp parallel for schedule(static) num_threads(treadle_num_threads)" in text
+    # The body is a function of an iteration range; what it uses travels in a struct.
+    assert "static void kernel_scale__loop0(void *treadle_ctx, int64_t treadle_begin" in text
+    assert "for (int64_t i = treadle_begin; i < treadle_end; ++i) {" in text
+    assert "const int64_t K = treadle_c->K;" in text
+    assert "float *restrict B = treadle_c->B;" in text
+    assert "treadle_parallel_for(M, kernel_scale__loop0, &kernel_scale__loop0_ctx);" in text
     assert "B[i * K + k] = A[i * K + k] * 2.0f;" in text
+    assert "void treadle_set_parallel(treadle_parallel_fn run)" in text
     assert "void treadle_set_num_threads(int n)" in text
     assert "const char *kernel_scale__messages[] = {" in text
 
@@ -64,9 +70,49 @@ def test_nested_parallel_loop_prints_serial_and_pragmas():
             for v in fb.range(8, kind="vectorize", name="v"):
                 A[i, v] = 3.0
     text = generate([fb.function])
-    assert text.count("#pragma omp parallel for") == 1
+    assert text.count("treadle_parallel_for(") == 2  # the helper's definition and one call
     assert "#pragma GCC unroll 4\n" in text and "#pragma GCC unroll 64\n" in text
     assert "#pragma omp simd" in text
+
+
+@pytest.mark.parametrize("m, n", [(1, 1), (2, 3), (7, 13), (97, 5), (1000, 3)])
+def test_parallel_body_sees_what_is_declared_outside_it(m, n):
+    """A parallel body runs in a function of its own: values computed without memory are
+    computed again there (the C compiler sees constants), a value read from memory and a
+    stack array filled before the loop are passed in, and symbols that only appear in a
+    buffer's shape (its row stride) reach the body too."""
+    with FunctionBuilder("outlined") as fb:
+        M, N = fb.symbol("M"), fb.symbol("N")
+        A = fb.param("A", "float32", [M, N])
+        B = fb.param("B", "float32", [M, N])
+        offset = fb.let("offset", const(3) - const(1))
+        first = fb.let("first", A[0, 0])
+        weights = fb.buffer("weights", "float32", [4])
+        for w in fb.range(4, name="w"):
+            weights[w] = cast(w + offset, "float32")
+        for i in fb.range(M, kind="parallel"):
+            for j in fb.range(N, name="j"):
+                B[i, j] = A[i, j] * weights[i % 4] + first + cast(offset, "float32")
+    text = generate([fb.function])
+    assert "const int64_t offset = (int64_t)3 - 1;" in text.split("__loop0(void")[1]
+    assert "const float first = treadle_c->first;" in text
+    assert "float *restrict weights = __builtin_assume_aligned(treadle_c->weights, 32);" in text
+    a = np.random.default_rng(m).standard_normal((m, n)).astype(np.float32)
+    b = np.zeros_like(a)
+    _compile(fb.function).outlined(a, b)
+    expected = a * (np.arange(m) % 4 + 2)[:, None].astype(np.float32) + a[0, 0] + 2
+    np.testing.assert_allclose(b, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_parallel_loop_racing_on_an_outer_scalar_is_rejected():
+    with FunctionBuilder("racy") as fb:
+        A = fb.param("A", "float32", [16])
+        total = fb.scalar("total", "float32", 0.0)
+        for i in fb.range(16, kind="parallel"):
+            total[()] = total[()] + A[i]
+        A[0] = total[()]
+    with pytest.raises(IRError, match="racy.*parallel loop over i uses the scalar total"):
+        generate([fb.function])
 
 
 def test_local_buffers():

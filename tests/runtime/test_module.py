@@ -1,9 +1,6 @@
 """Loading and calling compiled kernels: threads, argument errors, dumps."""
 from __future__ import annotations
 
-import ctypes
-import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -14,7 +11,6 @@ from treadle.errors import ArgumentError, DTypeError, ShapeError
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.expr import cast
 from treadle.ir.stmt import Module
-from treadle.runtime import affinity
 from treadle.runtime.module import compile_module
 
 
@@ -118,39 +114,3 @@ def test_num_threads_setting(module):
     y = np.empty_like(x)
     single(x, y)
     np.testing.assert_array_equal(y, _expected(x))
-
-
-TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two usable cores")
-
-
-@TWO_CORES
-def test_workers_pinned_to_cores_of_their_own_and_the_caller_left_alone():
-    cores = sorted(os.sched_getaffinity(0))
-    with override(num_threads=2, pin_workers=True):
-        kernel = compile_module(Module("pinned", (_affine(),))).affine
-        x = np.arange(14, dtype=np.float32).reshape(7, 2)
-        y = np.empty_like(x)
-        kernel(x, y)
-        ids = (ctypes.c_int64 * 2)()
-        affinity._library().treadle_thread_ids(2, ids)
-    np.testing.assert_array_equal(y, _expected(x))
-    assert ids[0] == threading.get_native_id()
-    assert os.sched_getaffinity(ids[1]) == {cores[1]}
-    assert sorted(os.sched_getaffinity(0)) == cores
-
-
-@TWO_CORES
-def test_workers_of_another_calling_thread_are_pinned_when_it_loads_kernels():
-    cores = sorted(os.sched_getaffinity(0))
-
-    def load_and_read_the_workers_mask():
-        compile_module(Module("pinned_elsewhere", (_fill(),)))
-        ids = (ctypes.c_int64 * 2)()
-        affinity._library().treadle_thread_ids(2, ids)
-        # Read while this thread lives: its workers exit with it.
-        return os.sched_getaffinity(ids[1])
-
-    with override(num_threads=2, pin_workers=True):
-        with ThreadPoolExecutor(1) as pool:
-            mask = pool.submit(load_and_read_the_workers_mask).result()
-    assert mask == {cores[1]}

@@ -27,7 +27,7 @@ from treadle.target.cpu import host
 
 # Every flag generated code is compiled with; the ISA flags (-mavx2 -mfma) come from the
 # target. No -ffast-math: kernels keep IEEE semantics (NaN, inf, signed zeros).
-BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno",
+BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno",
               "-Werror=implicit-function-declaration")
 
 _locks: dict[str, threading.Lock] = {}

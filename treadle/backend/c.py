@@ -1,4 +1,4 @@
-"""C code generation for lowered tensor programs: GNU C11, OpenMP, GCC vector extensions.
+"""C code generation for lowered tensor programs: GNU C11, OpenMP simd, GCC vector extensions.
 
 ABI. Each ``Function`` becomes ``int32_t kernel_<name>(<params in order>)`` (see
 ``c_name``): a buffer parameter is a ``restrict`` pointer to its element type, ``const``
@@ -7,10 +7,14 @@ when the kernel never stores to it, a scalar parameter has its C type. The kerne
 *<symbol>__messages[]`` holds the assert messages so the runtime can raise them. Buffers
 are row-major and indexed by flattening with their (possibly symbolic) shape.
 
-Parallel loops are OpenMP loops over ``treadle_num_threads`` threads, set through the
-exported ``treadle_set_num_threads``. C forbids leaving an OpenMP loop with ``return``, so
-an ``Assert`` inside one stores its code in ``treadle_status`` and jumps to the end of
-the iteration; after the loop the status is passed outward.
+A parallel loop's body becomes a static function of an iteration range, with the values
+it uses from outside in a context struct; the kernel hands both to the thread pool
+(``runtime.pool``) through ``treadle_parallel_for``, on ``treadle_num_threads`` threads.
+The library exports ``treadle_set_num_threads`` and ``treadle_set_parallel`` (the pool's
+entry point; without it loops run serially). A failure inside such a body, or inside an
+``omp simd`` loop, cannot ``return`` from the kernel: an ``Assert`` there stores its code
+in ``treadle_status`` and jumps to the end of the iteration; after the loop the status is
+passed outward.
 
 Expressions get the parentheses C's precedence needs, plus a few for readability. Where
 C's implicit conversions would compute in another type than the IR says (narrow integers
@@ -72,6 +76,22 @@ static int treadle_num_threads = 1;
 
 void treadle_set_num_threads(int n) {
     treadle_num_threads = n > 0 ? n : 1;
+}
+
+typedef void (*treadle_loop_body)(void *ctx, int64_t begin, int64_t end);
+typedef void (*treadle_parallel_fn)(int64_t n, treadle_loop_body body, void *ctx,
+                                    int32_t threads);
+static treadle_parallel_fn treadle_parallel = 0;
+
+void treadle_set_parallel(treadle_parallel_fn run) {
+    treadle_parallel = run;
+}
+
+static void treadle_parallel_for(int64_t n, treadle_loop_body body, void *ctx) {
+    if (treadle_parallel != 0 && treadle_num_threads > 1 && n > 1)
+        treadle_parallel(n, body, ctx, treadle_num_threads);
+    else
+        body(ctx, 0, n);
 }"""
 
 
@@ -330,6 +350,7 @@ def _accumulate(p: _FunctionPrinter, s: Accumulate) -> None:
 
 def _let(p: _FunctionPrinter, s: Let) -> None:
     value = p.text(s.value)
+    p.let_values[s.var] = s.value
     p.emit(f"const {p.type(s.var.dtype)} {p.names.declare(s.var, s.var.name)} = {value};")
 
 
@@ -376,8 +397,6 @@ def _simd(p: _FunctionPrinter, s: For) -> str:
 
 LOOP_PRAGMAS: dict[str, Callable[[_FunctionPrinter, For], str | None]] = {
     "serial": lambda p, s: None,
-    "parallel": lambda p, s: ("#pragma omp parallel for schedule(static) "
-                              "num_threads(treadle_num_threads)"),
     "unroll": lambda p, s: (f"#pragma GCC unroll {max(1, min(s.extent.value, UNROLL_CAP))}"
                             if isinstance(s.extent, Const) else None),
     "vectorize": _simd,
@@ -386,9 +405,13 @@ LOOP_PRAGMAS: dict[str, Callable[[_FunctionPrinter, For], str | None]] = {
 
 def _for(p: _FunctionPrinter, s: For) -> None:
     kind = s.kind
-    # OpenMP cannot nest a parallel loop inside an OpenMP loop, nor simd inside simd.
-    if (kind == "parallel" and p.omp_loops) or (kind == "vectorize" and kind in p.omp_loops):
+    # One level of parallelism (a parallel body runs on one thread), and OpenMP cannot
+    # nest simd inside simd.
+    if kind in p.special_loops and kind in ("parallel", "vectorize"):
         kind = "serial"
+    if kind == "parallel":
+        _parallel_for(p, s)
+        return
     pragma = p.table(LOOP_PRAGMAS, kind, "LOOP_PRAGMAS")(p, s)
     if pragma:
         p.emit(pragma)
@@ -396,14 +419,91 @@ def _for(p: _FunctionPrinter, s: For) -> None:
     p.names.push()
     var = p.names.declare(s.var, s.var.name)
     p.emit(f"for ({p.type(s.var.dtype)} {var} = 0; {var} < {extent}; ++{var}) {{")
-    if kind in ("parallel", "vectorize"):
-        label = p.omp_loop(s.body, kind)
+    if kind == "vectorize":
+        label = p.special_loop(s.body, kind)
         p.emit("}")
         p.pass_failure_outward(label)
     else:
         p.block(s.body)
         p.emit("}")
     p.names.pop()
+
+
+def _parallel_for(p: _FunctionPrinter, s: For) -> None:
+    """The loop's body as a static function of an iteration range, called by the thread
+    pool; what the body uses from outside (scalars by value, buffers by address) travels
+    in a context struct. A value computed without memory (``let i = 128 - i0``) is
+    computed again in the body instead, so the C compiler still sees constants there."""
+    extent = p.text(s.extent)
+    captures = []
+    for key, name in _captured(p, s):
+        value = p.let_values.get(key)
+        if value is not None and _pure(value):
+            captures.append((None, f"const {p.type(key.dtype)} {name} = {p.text(value)};", None))
+        else:
+            captures.append(p.capture(key, name))
+    symbol = f"{c_name(p.func)}__loop{len(p.outlined)}"
+    outer = p.lines, p.depth, p.status_address
+    p.lines, p.depth, p.status_address = [], 1, "treadle_status"
+    p.names.push()
+    var = p.names.declare(s.var, s.var.name)
+    p.emit(f"for ({p.type(s.var.dtype)} {var} = treadle_begin; {var} < treadle_end; ++{var}) {{")
+    label = p.special_loop(s.body, "parallel")
+    p.emit("}")
+    p.names.pop()
+    body = p.lines
+    p.lines, p.depth, p.status_address = outer
+    if label in p.used_labels:
+        captures.append(("int32_t *treadle_status",
+                         "int32_t *treadle_status = treadle_c->treadle_status;",
+                         "&treadle_status"))
+    fields = [field for field, _, _ in captures if field] or ["char unused"]
+    values = ", ".join(value for _, _, value in captures if value) or "0"
+    p.outlined.append("\n".join([
+        f"struct {symbol}_ctx {{", *(f"    {field};" for field in fields), "};", "",
+        f"static void {symbol}(void *treadle_ctx, int64_t treadle_begin, int64_t treadle_end) {{",
+        f"    const struct {symbol}_ctx *treadle_c = treadle_ctx;",
+        *(f"    {local}" for _, local, _ in captures), *body, "}"]))
+    p.emit(f"struct {symbol}_ctx {symbol}_ctx = {{{values}}};")
+    p.emit(f"treadle_parallel_for({extent}, {symbol}, &{symbol}_ctx);")
+    p.pass_failure_outward(label)
+
+
+def _pure(value: Expr) -> bool:
+    return not any(isinstance(n, (Load, Call)) for n in walk(value))
+
+
+def _captured(p: _FunctionPrinter, s: For) -> list[tuple[Var | Buffer, str]]:
+    """The variables and buffers the loop's body uses that are declared outside it, with
+    their C names, each after those its value is computed from where it is computed again
+    (see _parallel_for); the symbols in buffer shapes count as used (the flattened
+    indices multiply by them)."""
+    used: dict = {}
+    for node in walk(s.body):
+        if isinstance(node, Var):
+            used[node] = None
+        buffer = getattr(node, "buffer", None)
+        if isinstance(buffer, Buffer):
+            used.update((v, None) for d in buffer.shape for v in walk(d) if isinstance(v, Var))
+            used[buffer] = None
+    captured: dict = {}
+
+    def visit(key) -> None:
+        name = p.names.lookup(key)
+        if name is None or key in captured:
+            return
+        if isinstance(key, Buffer) and key.rank == 0 and key.scope != "global":
+            raise IRError(f"parallel loop over {s.var.name} uses the scalar {key.name} "
+                          "declared outside it; its iterations would race on it")
+        value = p.let_values.get(key)
+        if value is not None and _pure(value):
+            for node in walk(value):
+                if isinstance(node, Var):
+                    visit(node)
+        captured[key] = name
+    for key in used:
+        visit(key)
+    return list(captured.items())
 
 
 STMT_PRINTERS: dict[type, Callable] = {
@@ -430,8 +530,11 @@ class _FunctionPrinter:
         self.lines: list[str] = []
         self.depth = 1
         self.messages: list[str] = []
-        self.omp_loops: list[str] = []  # kinds of the enclosing OpenMP loops
-        self.fail_label: str | None = None  # where a failure jumps inside an OpenMP loop
+        self.special_loops: list[str] = []  # kinds of the enclosing parallel and simd loops
+        self.fail_label: str | None = None  # where a failure jumps inside such a loop
+        self.status_address = "&treadle_status"  # in an outlined body, a pointer to it
+        self.outlined: list[str] = []  # parallel loop bodies, printed before the kernel
+        self.let_values: dict[Var, Expr] = {}
         self.used_labels: set[str] = set()
         self.where: Stmt | None = None
         self.stored = {s.buffer for s in walk(func.body) if isinstance(s, Store)}
@@ -449,7 +552,8 @@ class _FunctionPrinter:
             head = f"int32_t {symbol}(\n    " + ",\n    ".join(params) + ") {"
         status = ["    int32_t treadle_status = 0;"] if self.used_labels else []
         table = ",\n".join([*(f"    {c_string(m)}" for m in self.messages), "    NULL"])
-        return "\n".join([head, *status, *self.lines, "    return 0;", "}", "",
+        return "\n".join([*(f"{body}\n" for body in self.outlined), head, *status,
+                          *self.lines, "    return 0;", "}", "",
                           f"const char *{messages_symbol(self.func)}[] = {{", table, "};"])
 
     def param(self, p) -> str:
@@ -457,6 +561,18 @@ class _FunctionPrinter:
             return f"{self.type(p.dtype)} {self.names.declare(p, p.name)}"
         const = "" if p in self.stored else "const "
         return f"{const}{self.type(p.dtype)} *restrict {self.names.declare(p, p.name)}"
+
+    def capture(self, key: Var | Buffer, name: str) -> tuple[str, str, str]:
+        """(context field, the outlined body's local, value at the call) for ``key``."""
+        if isinstance(key, Var):
+            ctype = self.type(key.dtype)
+            return (f"{ctype} {name}", f"const {ctype} {name} = treadle_c->{name};", name)
+        const = "" if key in self.stored else "const "
+        pointer = f"{const}{self.type(key.dtype)} *"
+        value = f"treadle_c->{name}"
+        if key.scope != "global":  # a stack array of the kernel
+            value = f"__builtin_assume_aligned({value}, {STACK_ALIGNMENT})"
+        return f"{pointer}{name}", f"{pointer}restrict {name} = {value};", name
 
     # ---- output ----
     def emit(self, line: str) -> None:
@@ -479,35 +595,37 @@ class _FunctionPrinter:
         self.names.pop()
         self.depth -= 1
 
-    # ---- failures inside OpenMP loops ----
+    # ---- failures inside parallel and simd loops ----
     def fail(self, code: str) -> None:
         """Leaves the kernel with status ``code`` (a C expression)."""
         if self.fail_label is None:
             self.emit(f"return {code};")
             return
         if code != "treadle_status":
-            self.emit(f"__atomic_store_n(&treadle_status, {code}, __ATOMIC_RELAXED);")
+            self.emit(f"__atomic_store_n({self.status_address}, {code}, __ATOMIC_RELAXED);")
         self.emit(f"goto {self.fail_label};")
         self.used_labels.add(self.fail_label)
 
-    def omp_loop(self, body: Stmt, kind: str) -> str:
-        """Prints the body of an OpenMP loop; returns the label its failures jump to."""
-        outer, label = self.fail_label, f"treadle_fail_{len(self.lines)}"  # line: unique
+    def special_loop(self, body: Stmt, kind: str) -> str:
+        """Prints the body of a parallel or simd loop; returns the label its failures jump
+        to (unique in the file: kernel symbol, line, and loops outlined so far)."""
+        outer = self.fail_label
+        label = f"treadle_fail_{len(self.outlined)}_{len(self.lines)}"
         self.fail_label = label
-        self.omp_loops.append(kind)
+        self.special_loops.append(kind)
         self.block(body)
         if label in self.used_labels:
             self.emit(f"    {label}:;")
-        self.omp_loops.pop()
+        self.special_loops.pop()
         self.fail_label = outer
         return label
 
     def pass_failure_outward(self, label: str) -> None:
-        """After an OpenMP loop whose body can fail: fail here too if it did."""
+        """After a parallel or simd loop whose body can fail: fail here too if it did."""
         if label not in self.used_labels:
             return
-        status = ("__atomic_load_n(&treadle_status, __ATOMIC_RELAXED)" if self.omp_loops
-                  else "treadle_status")
+        status = (f"__atomic_load_n({self.status_address}, __ATOMIC_RELAXED)"
+                  if self.special_loops else "treadle_status")
         self.emit(f"if ({status} != 0) {{")
         self.depth += 1
         self.fail("treadle_status")

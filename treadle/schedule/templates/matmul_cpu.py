@@ -295,22 +295,27 @@ def _one_pass_over_panels(cfg: GemmConfig, M, N, K) -> GemmConfig:
     return cfg
 
 
-def _balanced(cfg: GemmConfig, batch, M, N, workers: int) -> GemmConfig:
+def _balanced(cfg: GemmConfig, batch, M, N, workers: int, packs_right: bool) -> GemmConfig:
     """For constant sizes, blocks no larger than the config's that split M and N evenly and
     keep ``workers`` equally busy: the most useful work per padded, packed tile slot.
 
     The overhead term is the packing per multiply-add (PACK_COST_A, PACK_COST_B; on
-    1024^3 larger blocks win over evener ones)."""
+    1024^3 larger blocks win over evener ones). A right factor laid out at compile time
+    (``packs_right`` false) costs nothing per tile, so a small M is split over the
+    threads rather than N: each thread then packs only its own rows of A, where a split
+    of N packs all of A in a parallel loop of its own whose panels both threads read
+    (128 x 768 x 768: 65-row tiles 3-5% faster than 384-column ones)."""
     if not all(isinstance(v, int) and v > 0 for v in (batch, M, N)):
         return cfg
     mr, nr = cfg.micro_m, cfg.micro_n
     tiles_m, tiles_n = ceil_div(M, cfg.block_m), ceil_div(N, cfg.block_n)
+    cost_b = PACK_COST_B if packs_right else 0
 
     def score(tm: int, tn: int) -> tuple[float, int, int]:
         bm, bn = _round_up(ceil_div(M, tm), mr), _round_up(ceil_div(N, tn), nr)
         tiles = batch * ceil_div(M, bm) * ceil_div(N, bn)
         slots = ceil_div(tiles, workers) * workers * bm * bn
-        return batch * M * N / slots / (1 + PACK_COST_A / bn + PACK_COST_B / bm), bm, bn
+        return batch * M * N / slots / (1 + PACK_COST_A / bn + cost_b / bm), bm, bn
 
     candidates = [score(tm, tn) for tm in range(tiles_m, tiles_m + 2 * workers + 1)
                   for tn in range(tiles_n, tiles_n + 2 * workers + 1)]
@@ -365,7 +370,8 @@ def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPatte
         clamped = _streaming(clamped, *sizes)
     elif panels is not None:
         clamped = _one_pass_over_panels(clamped, *sizes)
-    clamped = _balanced(clamped, _product(extents["batch"]), *sizes[:2], workers)
+    clamped = _balanced(clamped, _product(extents["batch"]), *sizes[:2], workers,
+                        packs_right=panels is None)
     clamped = _whole_rows(clamped, extents["k"])
     gemm = _Gemm(pattern, extents, clamped, panels)
     _check_stack(gemm, threads)

@@ -6,11 +6,10 @@ contiguous range per thread, as a static schedule would, and lets every thread c
 chunks: its own range first, then what is left of the others'. The calling thread works
 too and never waits for a worker that has not started: it finishes the ranges no one has
 claimed and waits only for chunks already running. An OpenMP loop instead ends at a
-barrier every thread must reach. A worker woken from sleep arrives milliseconds late on
-this machine (a halted virtual CPU), and one sharing its core with another process
-misses whole time slices: the first call of a 128 x 768 x 768 GEMM after 50 ms idle took
-5.6 ms under OpenMP and 0.96 ms here (0.77 ms awake), and with a busy process beside it
-OpenMP ran 5x slower than alone where this pool runs at the speed of the cores it gets.
+barrier every thread must reach, so a worker that wakes late (a halted virtual CPU) or
+shares its core with another process holds up every loop: MobileNetV2 called every
+100 ms beside a busy process took 104-235 ms under OpenMP (ONNX Runtime 16-19 ms) and
+10.3 ms on this pool (ONNX Runtime 17.8 ms); on a quiet machine both run it in 5.3 ms.
 
 Workers start on the first loop that wants them and, after a loop, wait for the next one:
 a short spin, then yielding the core (a process beside them runs) for ``SPIN_US``, then

@@ -437,8 +437,8 @@ def _parallel_for(p: _FunctionPrinter, s: For) -> None:
     extent = p.text(s.extent)
     captures = []
     for key, name in _captured(p, s):
-        value = p.let_values.get(key)
-        if value is not None and _pure(value):
+        value = _recomputable(p, key)
+        if value is not None:
             captures.append((None, f"const {p.type(key.dtype)} {name} = {p.text(value)};", None))
         else:
             captures.append(p.capture(key, name))
@@ -469,8 +469,12 @@ def _parallel_for(p: _FunctionPrinter, s: For) -> None:
     p.pass_failure_outward(label)
 
 
-def _pure(value: Expr) -> bool:
-    return not any(isinstance(n, (Load, Call)) for n in walk(value))
+def _recomputable(p: _FunctionPrinter, key) -> Expr | None:
+    """The value of a ``let`` that reads no memory (a parallel body computes it again)."""
+    value = p.let_values.get(key)
+    if value is None or any(isinstance(n, (Load, Call)) for n in walk(value)):
+        return None
+    return value
 
 
 def _captured(p: _FunctionPrinter, s: For) -> list[tuple[Var | Buffer, str]]:
@@ -495,8 +499,8 @@ def _captured(p: _FunctionPrinter, s: For) -> list[tuple[Var | Buffer, str]]:
         if isinstance(key, Buffer) and key.rank == 0 and key.scope != "global":
             raise IRError(f"parallel loop over {s.var.name} uses the scalar {key.name} "
                           "declared outside it; its iterations would race on it")
-        value = p.let_values.get(key)
-        if value is not None and _pure(value):
+        value = _recomputable(p, key)
+        if value is not None:
             for node in walk(value):
                 if isinstance(node, Var):
                     visit(node)
@@ -608,7 +612,8 @@ class _FunctionPrinter:
 
     def special_loop(self, body: Stmt, kind: str) -> str:
         """Prints the body of a parallel or simd loop; returns the label its failures jump
-        to (unique in the file: kernel symbol, line, and loops outlined so far)."""
+        to, unique in the C function it lands in (the kernel's lines only grow; an
+        outlined body's restart, under a new count of outlined loops)."""
         outer = self.fail_label
         label = f"treadle_fail_{len(self.outlined)}_{len(self.lines)}"
         self.fail_label = label

@@ -24,8 +24,8 @@ from treadle.ir.expr import Buffer
 from treadle.ir.functor import walk
 from treadle.ir.lower import lower
 from treadle.ir.stmt import Function, Module, Store
-from treadle.runtime.pool import parallel_for_address
 from treadle.runtime.arguments import bind_arguments
+from treadle.runtime.pool import parallel_for_address
 
 # ctypes types of scalar parameters, by dtype name.
 CTYPES = {
@@ -134,10 +134,8 @@ def load(path: Path | str, functions: Sequence[Function]) -> CompiledModule:
     library.treadle_set_num_threads.argtypes = [ctypes.c_int]
     library.treadle_set_num_threads.restype = None
     library.treadle_set_num_threads(config.num_threads)
-    try:
-        set_parallel = library.treadle_set_parallel
-    except AttributeError:  # kernels saved before the pool, with OpenMP loops of their own
-        set_parallel = None
+    # Kernels saved before the pool have OpenMP loops of their own and no such entry.
+    set_parallel = getattr(library, "treadle_set_parallel", None)
     if set_parallel is not None:
         set_parallel.argtypes = [ctypes.c_void_p]
         set_parallel.restype = None

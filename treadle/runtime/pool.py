@@ -71,7 +71,7 @@ static struct {
     int64_t ids[MAX_THREADS];         /* Linux thread ids, for tests and tools */
     int32_t pin, cpu_count, cpus[MAX_THREADS];
     int64_t spin_ns;
-} pool = { .running = PTHREAD_MUTEX_INITIALIZER, .spin_ns = 5000000 };
+} pool = { .running = PTHREAD_MUTEX_INITIALIZER };  /* spin_ns: configure */
 
 static void relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -238,6 +238,10 @@ __attribute__((constructor)) static void register_fork_handler(void) {
 """
 
 
+def _built() -> Path:
+    return build(SOURCE, "thread_pool")
+
+
 _loaded: list[tuple[Path, ctypes.CDLL]] = []  # the pool of this process, once opened
 _lock = threading.Lock()
 
@@ -247,7 +251,7 @@ def _library(saved: Path | None = None) -> tuple[Path, ctypes.CDLL]:
     saved model's copy, for a process without a C compiler), else built from SOURCE."""
     with _lock:
         if not _loaded:
-            path = saved if saved is not None else build(SOURCE, "thread_pool")
+            path = saved if saved is not None else _built()
             library = ctypes.CDLL(str(path))
             library.treadle_pool_configure.argtypes = [
                 ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32, ctypes.c_int64]
@@ -263,7 +267,7 @@ def library_path(saved: Path | None = None) -> Path:
     """The path of the pool's shared object (see _library), which a saved model copies;
     where the saved model it came from is gone, the cache's copy."""
     path = _library(saved)[0]
-    return path if path.exists() else build(SOURCE, "thread_pool")
+    return path if path.exists() else _built()
 
 
 def parallel_for_address() -> int:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+import treadle.backend.c as c_backend
 from treadle.backend.c import c_name, generate
 from treadle.errors import IRError, KernelError
 from treadle.ir import dtypes
@@ -18,6 +20,7 @@ from treadle.ir.functor import evaluate
 from treadle.ir.mapping import spatial
 from treadle.backend.build import build
 from treadle.runtime.module import load
+from treadle.target.cpu import host
 
 SCALAR_DTYPES = [t for t in dtypes.BY_NAME.values() if not t.is_vector]
 
@@ -96,7 +99,7 @@ def test_parallel_body_sees_what_is_declared_outside_it(m, n):
     text = generate([fb.function])
     assert "const int64_t offset = (int64_t)3 - 1;" in text.split("__loop0(void")[1]
     assert "const float first = treadle_c->first;" in text
-    assert "float *restrict weights = __builtin_assume_aligned(treadle_c->weights, 32);" in text
+    assert "float *restrict weights = __builtin_assume_aligned(treadle_c->weights, 64);" in text
     a = np.random.default_rng(m).standard_normal((m, n)).astype(np.float32)
     b = np.zeros_like(a)
     _compile(fb.function).outlined(a, b)
@@ -126,7 +129,7 @@ def test_local_buffers():
         A[0] = acc[()]
     text = generate([fb.function])
     assert "    float acc;\n    acc = 0.0f;" in text
-    assert "float tile[64] __attribute__((aligned(32)));" in text
+    assert "float tile[64] __attribute__((aligned(64)));" in text
     # The flat offset is simplified: the two digits of i add back up to i.
     assert "tile[i] = A[i];" in text
 
@@ -169,12 +172,37 @@ def test_unsupported_vector_operations_are_rejected():
         A[0] = call("exp", A.vload(0, 8))
     with pytest.raises(IRError, match="exp is not supported for vector dtype float32x8"):
         generate([fb.function])
-    with FunctionBuilder("avx512") as fb:
-        A = fb.param("A", "float32", [16])
-        v = A.vload(0, 16)
+    with FunctionBuilder("too_wide") as fb:
+        A = fb.param("A", "float32", [32])
+        v = A.vload(0, 32)
         A[0] = call("fma", v, v, v)
-    with pytest.raises(IRError, match="fma is not supported for vector dtype float32x16"):
+    with pytest.raises(IRError, match="fma is not supported for vector dtype float32x32"):
         generate([fb.function])
+
+
+def _fma16():
+    with FunctionBuilder("fma16") as fb:
+        A = fb.param("A", "float32", [16])
+        B = fb.param("B", "float32", [16])
+        v = A.vload(0, 16)
+        B[0] = call("fma", v, B.vload(0, 16), v)
+    return fb.function
+
+
+def test_fma_on_512_bit_vectors_only_where_the_cpu_has_them(monkeypatch):
+    avx2 = replace(host(), features=("avx2", "fma"))
+    monkeypatch.setattr(c_backend, "host", lambda: avx2)
+    with pytest.raises(IRError, match="float32x16 on this CPU .it has float32x4, float32x8, "
+                                      "float64x2, float64x4"):
+        generate([_fma16()])
+    monkeypatch.undo()
+    if host().widest_simd_bytes < 64:
+        return
+    assert "_mm512_fmadd_ps" in generate([_fma16()])
+    a, b = np.arange(16, dtype=np.float32), np.linspace(-1, 1, 16, dtype=np.float32)
+    expected = a * b + a
+    _compile(_fma16()).fma16(a, b)
+    np.testing.assert_allclose(b, expected, rtol=1e-6)
 
 
 # ---- names ------------------------------------------------------------------------------

@@ -6,16 +6,19 @@ import numpy as np
 import pytest
 
 from tests.harness import assert_close, random_array
+from treadle.backend.c import generate
 from treadle.config import override
 from treadle.errors import ScheduleConfigError
 from treadle.ir.compute import compute, reduce
 from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Var, logical_and, maximum, select
 from treadle.ir.functor import evaluate
+from treadle.ir.lower import lower
 from treadle.runtime.module import compile_function
 from treadle.ir.tabulate import tabulate
 from treadle.schedule.templates.matmul_cpu import (GemmConfig, match_gemm, match_gemm_output,
                                                    schedule_gemm, with_constants)
+from treadle.target import cpu
 from treadle.target.cpu import host
 
 REGISTERS = host().vector_registers
@@ -119,6 +122,34 @@ def test_invalid_config_raises(cfg, reason):
     a, b, c = symbolic_matmul()
     with override(num_threads=2), pytest.raises(ScheduleConfigError, match=reason):
         schedule_gemm("gemm", [a, b], match_gemm(c), cfg)
+
+
+@pytest.mark.parametrize("flags", [("avx2", "fma"), ("avx2", "fma", "avx512f", "avx512vl")])
+def test_register_tile_in_the_widest_vectors_a_row_fills(monkeypatch, flags):
+    """Rows of 16 and 48 floats go in 512-bit registers where the CPU has them, rows of 24
+    in 256-bit ones; the numbers are the same either way."""
+    if not set(flags) <= set(host().features):
+        pytest.skip(f"the CPU lacks {set(flags) - set(host().features)}")
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: set(flags))
+    cpu.host.cache_clear()
+    try:
+        m, n, k = 37, 101, 29
+        a, b = Buffer("a", float32, (m, k)), Buffer("b", float32, (k, n))
+        c = reduce("c", [m, n], [k], lambda i, j, r: a[i, r] * b[r, j])
+        x, y = random_array((m, k), seed=3), random_array((k, n), seed=4)
+        for cfg in (GemmConfig(12, 32, 16, 6, 16), GemmConfig(8, 48, 16, 4, 24),
+                    GemmConfig(3, 96, 8, 1, 48)):
+            kernel = build([a, b], c, cfg)
+            wide = "avx512f" in flags and cfg.micro_n % 16 == 0
+            source = generate([lower(kernel.kernel.function)])
+            assert ("_mm512_fmadd_ps" in source) == wide, cfg
+            assert ("_mm256_fmadd_ps" in source) != wide, cfg
+            out = np.full((m, n), np.nan, np.float32)
+            kernel(x, y, out)
+            assert_close(out, x @ y, reduction=k, context=str(cfg))
+    finally:
+        monkeypatch.undo()
+        cpu.host.cache_clear()
 
 
 def test_batched_matmul_with_broadcast_right_operand():

@@ -40,6 +40,7 @@ from treadle.ir.simplify import simplify_expr
 from treadle.ir.compute import combine
 from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, Evaluate, For, ForTask,
                              Function, If, Let, Seq, Stmt, Store)
+from treadle.target.cpu import host
 
 PRIMARY, UNARY, TERNARY = 16, 15, 3  # C precedence levels; higher binds tighter
 
@@ -59,15 +60,17 @@ SHIFT_OPS = ("<<", ">>")
 LIBM = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf",
         "sin": "sin", "cos": "cos", "floor": "floor", "ceil": "ceil", "round": "rint",
         "pow": "pow"}
-FMA_INTRINSICS = {"float32x8": "_mm256_fmadd_ps", "float32x4": "_mm_fmadd_ps",
-                  "float64x4": "_mm256_fmadd_pd", "float64x2": "_mm_fmadd_pd"}
+# Vector dtype -> fused multiply-add intrinsic; the 512-bit ones only where the CPU has them.
+FMA_INTRINSICS = {dtypes.vector(scalar, bits // scalar.bits): f"_mm{width}_fmadd_{suffix}"
+                  for scalar, suffix in ((dtypes.float32, "ps"), (dtypes.float64, "pd"))
+                  for bits, width in ((128, ""), (256, "256"), (512, "512"))}
 # Functions generated code calls, so no local may shadow them.
 CALLED = {name + suffix for name in (*LIBM.values(), "fabs", "fma") for suffix in ("", "f")}
 
 # uint32 / uint64 literals keep their type; narrower ones promote to int anyway.
 UNSIGNED_SUFFIX = {32: "U", 64: "UL"}
 
-STACK_ALIGNMENT = 32  # bytes of one AVX2 register
+STACK_ALIGNMENT = 64  # bytes of one AVX-512 register, a cache line
 MAX_STACK_BYTES = 1 << 20  # a larger local array would overflow a thread's stack
 UNROLL_CAP = 64
 
@@ -256,10 +259,11 @@ def _scalar_float_call(p: _FunctionPrinter, e: Call, base: str):
 def _fma(p: _FunctionPrinter, e: Call):
     if not e.dtype.is_vector:
         return _scalar_float_call(p, e, "fma")
-    intrinsic = FMA_INTRINSICS.get(e.dtype.name)
-    if intrinsic is None:
-        raise IRError(f"{e}: fma is not supported for vector dtype {e.dtype} (AVX2 has "
-                      f"{', '.join(FMA_INTRINSICS)})")
+    have = [d for d in FMA_INTRINSICS if d.nbytes <= host().widest_simd_bytes]
+    if e.dtype not in have:
+        raise IRError(f"{e}: fma is not supported for vector dtype {e.dtype} on this CPU "
+                      f"(it has {', '.join(d.name for d in have)})")
+    intrinsic = FMA_INTRINSICS[e.dtype]
     return p.call(intrinsic, *(p.text_as(a, e.dtype) for a in e.args))
 
 

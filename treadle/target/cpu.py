@@ -12,12 +12,14 @@ from pathlib import Path
 
 from treadle.config import config
 
-# ISA extensions treadle emits code for, where the machine has them. Vectors are 256 bits
-# (AVX2 + FMA) everywhere; AVX-512VL only adds 16 registers for them, room for larger
-# register tiles. Kernels are built on the machine that runs them (a saved model records
-# the features it was built for and refuses to load without them).
+# ISA extensions treadle emits code for, where the machine has them. Schedules count
+# vectors of 256 bits (AVX2 + FMA) everywhere; AVX-512VL adds 16 registers for them, room
+# for larger register tiles, and AVX-512F lets a register tile hold 16 floats of a row in
+# one 512-bit register. Kernels are built on the machine that runs them (a saved model
+# records the features it was built for and refuses to load without them).
 SUPPORTED_FEATURES = ("avx2", "fma", "avx512f", "avx512vl")
 EXTRA_REGISTERS_FEATURE = "avx512vl"
+WIDE_VECTORS_FEATURE = "avx512f"
 DEFAULT_CACHES = {1: 32 * 1024, 2: 512 * 1024, 3: 8 * 1024 * 1024}
 
 
@@ -35,11 +37,22 @@ class CpuTarget:
 
     @property
     def simd_bytes(self) -> int:
+        """Bytes of the vectors schedules count registers in (256-bit AVX2 ones)."""
         return 32 if "avx2" in self.features else 16
 
+    @property
+    def widest_simd_bytes(self) -> int:
+        return 64 if WIDE_VECTORS_FEATURE in self.features else self.simd_bytes
+
     def lanes(self, element_bytes: int = 4) -> int:
-        """SIMD lanes of one vector register for elements of the given size."""
+        """SIMD lanes of one counted vector (``simd_bytes``) for elements of the given size."""
         return self.simd_bytes // element_bytes
+
+    def register_lanes(self, count: int, element_bytes: int = 4) -> int:
+        """Lanes of the widest vector register that ``count`` consecutive elements fill
+        whole (a row of a register tile); ``count`` is a multiple of ``lanes``."""
+        widest = self.widest_simd_bytes // element_bytes
+        return widest if count % widest == 0 else self.lanes(element_bytes)
 
     @property
     def compiler_flags(self) -> tuple[str, ...]:

@@ -12,7 +12,9 @@ and its size is fixed by the level:
 The formulas (sizes in bytes of float32 elements):
 
     registers   micro_m * micro_n/lanes accumulators + micro_n/lanes B vectors
-                + 1 broadcast A value  <=  vector registers
+                + 1 broadcast A value  <=  vector registers, counted in 256-bit
+                vectors (lanes = 8) also where a 16-wide row takes one 512-bit
+                register (see matmul_cpu.tile_lanes)
     L1          the micro-panels of A and B for block_k steps: (micro_m + micro_n) * block_k
                 fit in L1; level 0 leaves a quarter of L1 for the accumulator tile's rows
                 and the lines being prefetched

@@ -13,7 +13,8 @@ micro-panels, ``[block_m / micro_m][micro_m][block_k]`` (rows of A) and
 ``[block_n / micro_n][block_k][micro_n]``, so the micro-kernel walks each row of A and
 B's micro-panel linearly; the last micro-panel of a ragged edge is padded (local padding:
 rows of A repeat the last, columns of B are zero), so the micro-kernel never checks
-bounds. The micro-kernel is a fully unrolled register tile of AVX2 fused multiply-adds;
+bounds. The micro-kernel is a fully unrolled register tile of fused multiply-adds (rows of
+16 floats in 512-bit registers where the CPU has AVX-512F, 256-bit ones otherwise);
 it starts from zero in the first K block and from the accumulator after that, and in the
 last K block stores its results straight to the output (through the epilogue). A right
 factor that reads only constants (weights) is laid out in micro-panel order once, at
@@ -38,7 +39,7 @@ from treadle.config import config
 from treadle.errors import ScheduleConfigError
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, compute, producer_of
-from treadle.ir.dtypes import float32, float32x8
+from treadle.ir.dtypes import float32, vector
 from treadle.ir.expr import (Binary, Buffer, Cast, Const, Expr, Load, Var, broadcast, call,
                              ceil_div, eq, maximum, minimum, select)
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
@@ -47,7 +48,6 @@ from treadle.ir.tabulate import tabulable
 from treadle.schedule.rules import Inliner, Kernel, canonical_kernel, reachable
 from treadle.target.cpu import host
 
-LANES = 8
 STACK_BYTES = 1 << 20  # the packed panels and accumulator live on a thread's stack
 CACHE_LINE = 64
 # Packing B reads rows of a weight matrix that is usually in memory, not cache; each row
@@ -177,13 +177,15 @@ def check_config(cfg: GemmConfig, threads: int) -> None:
     bad = [f"{k}={v}" for k, v in fields.items() if not (isinstance(v, int) and v >= 1)]
     if bad:
         raise ScheduleConfigError(f"GemmConfig needs positive integers, got {', '.join(bad)}")
-    if cfg.micro_n % LANES:
-        raise ScheduleConfigError(f"micro_n={cfg.micro_n} is not a multiple of {LANES} lanes")
+    lanes = host().lanes()
+    if cfg.micro_n % lanes:
+        raise ScheduleConfigError(f"micro_n={cfg.micro_n} is not a multiple of {lanes} lanes")
     if cfg.block_m % cfg.micro_m or cfg.block_n % cfg.micro_n:
         raise ScheduleConfigError(f"block {cfg.block_m}x{cfg.block_n} is not a multiple of the "
                                   f"register tile {cfg.micro_m}x{cfg.micro_n}")
-    vectors = cfg.micro_n // LANES
-    # Accumulators, one row of B vectors and the broadcast of A.
+    vectors = cfg.micro_n // lanes
+    # Accumulators, one row of B vectors and the broadcast of A, in 256-bit vectors (see
+    # tile_lanes).
     needed = cfg.micro_m * vectors + vectors + 1
     if needed > host().vector_registers:
         raise ScheduleConfigError(f"register tile {cfg.micro_m}x{cfg.micro_n} needs {needed} "
@@ -649,13 +651,14 @@ class _Operands:
     def _right(self, q, kk, k: dict, v) -> Expr:
         if self.b_pack is not None:
             panel = q if self.b_panel is None else self.b_panel
-            return self.b_pack.vload((panel, kk, v * LANES), LANES)
-        col = self.tile.col0 + q * self.gemm.cfg.micro_n + v * LANES
+            lanes = tile_lanes(self.gemm.cfg)
+            return self.b_pack.vload((panel, kk, v * lanes), lanes)
+        col = self.tile.col0 + q * self.gemm.cfg.micro_n + v * tile_lanes(self.gemm.cfg)
         return _right_vector(self.gemm, {**self.tile.batch, **k}, col)
 
 
 def _right_vector(gemm: _Gemm, coords: dict, col) -> Expr | None:
-    """LANES consecutive columns of the right factor from ``col`` as one vector load, where
+    """A register's worth (tile_lanes) of consecutive columns of the right factor from ``col`` as one vector load, where
     it is a load whose last index is the (only) N axis; None otherwise (with col None:
     whether it is such a load)."""
     right, n_axes = gemm.pattern.right, gemm.pattern.n_axes
@@ -666,7 +669,7 @@ def _right_vector(gemm: _Gemm, coords: dict, col) -> Expr | None:
     if col is None:
         return right
     indices = tuple(substitute(i, coords) for i in right.indices[:-1]) + (col,)
-    return Load(right.buffer, indices, LANES)
+    return Load(right.buffer, indices, tile_lanes(gemm.cfg))
 
 
 def _f32(e: Expr) -> Expr:
@@ -822,6 +825,15 @@ def _panel_rows(cfg: GemmConfig) -> int:
     return cfg.block_k + ceil_div(CACHE_LINE, 4 * cfg.micro_n)
 
 
+def tile_lanes(cfg: GemmConfig) -> int:
+    """Lanes of the register tile's vectors: a row of 16 floats takes one 512-bit register
+    where the target has them. Tiles are still sized in 256-bit vectors (check_config,
+    the schedule space), so the widest registers serve 16-wide tiles, not tiles twice as
+    wide: on 128 x 768 x 768, 14 x 16 in 512-bit registers ran 8-10% faster than in
+    256-bit ones and 3-10% faster than 14 x 32 or 12 x 32 in 512-bit ones."""
+    return host().register_lanes(cfg.micro_n)
+
+
 def register_tile(fb: FunctionBuilder, cfg: GemmConfig, acc: Buffer, origin: tuple, first,
                   depth, step, last: tuple | None = None) -> None:
     """acc[origin + (r, c)] (+)= the sum over kk < depth of a(r) * b(c), in a fully unrolled
@@ -829,20 +841,21 @@ def register_tile(fb: FunctionBuilder, cfg: GemmConfig, acc: Buffer, origin: tup
     ``a_of(r)`` (a scalar) and ``b_of(v)`` (the v-th vector of the row of B). With
     ``last`` = (condition, finish), where the condition holds the registers go to
     ``finish(regs)`` instead of acc."""
-    mr, vectors = cfg.micro_m, cfg.micro_n // LANES
+    lanes = tile_lanes(cfg)
+    mr, vectors = cfg.micro_m, cfg.micro_n // lanes
     registers = repeat(mr, vectors, kind="unroll")
     *slot, row, col = origin
-    regs = fb.buffer("regs", float32x8, [mr, vectors])
+    regs = fb.buffer("regs", vector(float32, lanes), [mr, vectors])
     with fb.if_(first):
         for r, v in registers.on(0):
-            regs[r, v] = broadcast(0.0, LANES)
+            regs[r, v] = broadcast(0.0, lanes)
     with fb.else_():
         for r, v in registers.on(0):
-            regs[r, v] = acc.vload((*slot, row + r, col + v * LANES), LANES)
+            regs[r, v] = acc.vload((*slot, row + r, col + v * lanes), lanes)
     for kk in fb.range(depth, name="kk"):
         a_of, b_of = step(kk)
         for r, v in registers.on(0):
-            regs[r, v] = call("fma", broadcast(a_of(r), LANES), b_of(v), regs[r, v])
+            regs[r, v] = call("fma", broadcast(a_of(r), lanes), b_of(v), regs[r, v])
     if last is None:
         _spill(cfg, regs, acc, origin)
         return
@@ -856,5 +869,6 @@ def register_tile(fb: FunctionBuilder, cfg: GemmConfig, acc: Buffer, origin: tup
 def _spill(cfg: GemmConfig, regs: Buffer, into: Buffer, origin: tuple) -> None:
     """into[origin + (r, c)] = the register tile's vectors."""
     *slot, row, col = origin
-    for r, v in repeat(cfg.micro_m, cfg.micro_n // LANES, kind="unroll").on(0):
-        into[(*slot, row + r, col + v * LANES)] = regs[r, v]
+    lanes = tile_lanes(cfg)
+    for r, v in repeat(cfg.micro_m, cfg.micro_n // lanes, kind="unroll").on(0):
+        into[(*slot, row + r, col + v * lanes)] = regs[r, v]

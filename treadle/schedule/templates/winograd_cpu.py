@@ -31,7 +31,7 @@ from treadle.ir.expr import Buffer, Const, Expr, Load, as_expr, logical_and, min
 from treadle.ir.functor import rewrite, substitute, walk
 from treadle.ir.mapping import unravel
 from treadle.schedule.rules import Kernel, canonical_kernel, split_epilogue
-from treadle.schedule.templates.matmul_cpu import LANES, GemmConfig, register_tile
+from treadle.schedule.templates.matmul_cpu import GemmConfig, register_tile, tile_lanes
 
 ROWS = 6                    # register tile: output tiles x one panel of output channels
 MAX_TILES_PER_BLOCK = 60
@@ -127,6 +127,7 @@ def _products(fb: FunctionBuilder, f: Transform, u: Buffer, v: Buffer, m: Buffer
               channels: int) -> None:
     """m[e, t, j] = sum over c of v[e, t, c] * U[e, c, k0 + j], in register tiles."""
     cfg = GemmConfig(micro_m=ROWS, micro_n=PANEL)
+    lanes = tile_lanes(cfg)
     per_block, chunk = m.shape[1], m.shape[2]
     for e in fb.range(f.positions, name="e"):
         for q in fb.range(chunk // PANEL, name="q"):
@@ -134,7 +135,7 @@ def _products(fb: FunctionBuilder, f: Transform, u: Buffer, v: Buffer, m: Buffer
             for p in fb.range(per_block // ROWS, name="p"):
                 def step(kk, e=e, p=p, panel=panel):
                     return (lambda r: v[e, p * ROWS + r, kk],
-                            lambda w: u.vload((e, panel, kk, w * LANES), LANES))
+                            lambda w: u.vload((e, panel, kk, w * lanes), lanes))
                 register_tile(fb, cfg, m, (e, p * ROWS, q * PANEL), as_expr(True), channels,
                               step)
 

@@ -9,7 +9,8 @@ from treadle.errors import ScheduleConfigError
 from treadle.schedule.templates.matmul_cpu import GemmConfig
 from treadle.target import cpu
 from treadle.target.cpu import CpuTarget, host
-from treadle.tune.space import ELEMENT_BYTES, check_gemm_config, gemm_space, tile_bytes
+from treadle.tune.space import (ELEMENT_BYTES, check_gemm_config, gemm_space, micro_tiles,
+                                tile_bytes)
 
 TARGETS = [
     host(),
@@ -91,3 +92,16 @@ def test_avx512vl_gives_room_for_larger_register_tiles(monkeypatch, flags, regis
     finally:
         monkeypatch.undo()
         cpu.host.cache_clear()
+
+
+def test_tiles_the_widest_registers_hold_rank_first():
+    """With 512-bit registers the leading register tiles have rows of 16 floats (one
+    register each); without them a 24-wide tile (three 256-bit registers) is among them."""
+    wide = TARGETS[-1]
+    narrow = CpuTarget(("avx2", "fma", "avx512vl"), wide.l1d_bytes, wide.l2_bytes,
+                       wide.l3_bytes, vector_registers=32)
+    assert wide.register_lanes(16) == 16 and wide.register_lanes(24) == 8
+    assert narrow.register_lanes(16) == 8
+    assert all(n % 16 == 0 for _, n in micro_tiles(wide)[:4])
+    assert any(n % 16 for _, n in micro_tiles(narrow)[:4])
+    assert gemm_space(0, wide) == gemm_space(0, narrow)  # 14 x 16 either way

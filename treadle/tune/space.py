@@ -77,8 +77,9 @@ def micro_tiles(target: CpuTarget) -> list[tuple[int, int]]:
     """(micro_m, micro_n) register tiles that fill at least half the registers with
     accumulators (enough independent chains to hide the FMA latency). Ranked: tiles that
     issue no more loads than FMAs per step first (the load ports keep up with the FMA
-    ports), then most accumulators, then B rows of whole 64-byte cache lines, then fewest
-    loads per FMA."""
+    ports), then rows the target's widest registers hold (half the instructions per
+    multiply-add where those are 512-bit), then most accumulators, then B rows of whole
+    64-byte cache lines, then fewest loads per FMA."""
     lanes, registers = target.lanes(ELEMENT_BYTES), target.vector_registers
     tiles = []
     for vectors in range(1, registers):
@@ -92,7 +93,8 @@ def micro_tiles(target: CpuTarget) -> list[tuple[int, int]]:
         vectors = micro_n // lanes
         whole_lines = micro_n * ELEMENT_BYTES % 64 == 0
         loads, fmas = micro_m + vectors, micro_m * vectors
-        return (loads > fmas, -fmas, not whole_lines, loads / fmas)
+        widest = target.register_lanes(micro_n) == target.widest_simd_bytes // ELEMENT_BYTES
+        return (loads > fmas, not widest, -fmas, not whole_lines, loads / fmas)
     return sorted(tiles, key=rank)
 
 

@@ -12,7 +12,8 @@ from treadle.errors import ScheduleConfigError
 from treadle.ir.compute import compute, reduce
 from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Var, logical_and, maximum, select
-from treadle.ir.functor import evaluate
+from treadle.ir.functor import evaluate, walk
+from treadle.ir.stmt import DeclBuffer
 from treadle.ir.lower import lower
 from treadle.runtime.module import compile_function
 from treadle.ir.tabulate import tabulate
@@ -91,8 +92,13 @@ def test_gemv_long_k(cfg):
     c = reduce("c", [1, 37], [2039], lambda i, j, r: a[i, r] * b[r, j])
     x, y = random_array((1, 2039), seed=9), random_array((2039, 37), seed=10)
     out = np.zeros((1, 37), np.float32)
-    build([a, b], c, cfg)(x, y, out)
+    kernel = build([a, b], c, cfg)
+    kernel(x, y, out)
     assert_close(out, x @ y, reduction=2039)
+    # One row of accumulators cannot cover the FMA latency: K is split over several sums.
+    vector_sets = [s.buffer.shape for s in walk(kernel.kernel.function.body)
+                   if isinstance(s, DeclBuffer) and s.buffer.dtype.is_vector]
+    assert any(len(shape) == 3 and shape[0].value >= 1 for shape in vector_sets), vector_sets
 
 
 @pytest.mark.parametrize("cfg", [GemmConfig(), CONFIGS[5]], ids=str)

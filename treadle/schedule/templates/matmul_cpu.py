@@ -529,7 +529,7 @@ def _accumulate(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, acc: Buffer, slot
     for kb in fb.range(blocks, name="kb"):
         block = _k_block(fb, gemm, kb, k_begin, k_len)
         if left is not None:
-            a_pack = _Slab(left, kb)
+            a_pack = _Slice(left, kb)
         else:
             a_pack = None if left_in_place else _pack_left(fb, gemm, tile, block)
         if gemm.panels is not None:
@@ -622,7 +622,7 @@ class _Operands:
     gemm: _Gemm
     tile: _Tile
     k0: Expr
-    a_pack: Buffer | _Slab | None
+    a_pack: Buffer | _Slice | None
     b_pack: Buffer | _Panels | None
     b_panel: int | None  # the one micro-panel b_pack holds, or None for all of them
 
@@ -677,17 +677,18 @@ def _f32(e: Expr) -> Expr:
 
 
 @dataclass(frozen=True)
-class _Slab:
-    """The panels of K block ``block`` in a buffer holding every block's, indexed as a
-    packed panel buffer of its own."""
+class _Slice:
+    """The part of ``buffer`` at one first index, indexed as a buffer of its own (the
+    panels of one K block among every block's, one set of a register tile's
+    accumulators)."""
     buffer: Buffer
-    block: Expr
+    first: Expr | int
 
     def __getitem__(self, index: tuple) -> Expr:
-        return self.buffer[(self.block, *index)]
+        return self.buffer[(self.first, *index)]
 
     def __setitem__(self, index: tuple, value) -> None:
-        self.buffer[(self.block, *index)] = value
+        self.buffer[(self.first, *index)] = value
 
 
 @dataclass(frozen=True)
@@ -739,11 +740,11 @@ def _pack_whole_left(fb: FunctionBuilder, gemm: _Gemm, left: Buffer) -> None:
     K = gemm.size("k")
     rows = _Tile(fb, gemm, 0)
     for kb in fb.range(ceil_div(K, gemm.cfg.block_k), kind="parallel", name="kb"):
-        _pack_left(fb, gemm, rows, _k_block(fb, gemm, kb, 0, K), _Slab(left, kb))
+        _pack_left(fb, gemm, rows, _k_block(fb, gemm, kb, 0, K), _Slice(left, kb))
 
 
 def _pack_left(fb: FunctionBuilder, gemm: _Gemm, tile: _Tile, block: _KBlock,
-               into: _Slab | None = None) -> Buffer | _Slab:
+               into: _Slice | None = None) -> Buffer | _Slice:
     """a_pack[p, r, kk] = left(row0 + p * micro_m + r, k0 + kk); into ``into`` or a new
     buffer. Each row of a micro-panel is its own stretch of K (the micro-kernel broadcasts
     from micro_m rows at fixed distances from one pointer), so packing copies along the
@@ -852,10 +853,24 @@ def register_tile(fb: FunctionBuilder, cfg: GemmConfig, acc: Buffer, origin: tup
     with fb.else_():
         for r, v in registers.on(0):
             regs[r, v] = acc.vload((*slot, row + r, col + v * lanes), lanes)
-    for kk in fb.range(depth, name="kk"):
-        a_of, b_of = step(kk)
-        for r, v in registers.on(0):
-            regs[r, v] = call("fma", broadcast(a_of(r), lanes), b_of(v), regs[r, v])
+    chains = _chains(mr * vectors * lanes)
+    if chains == 1:
+        _multiply_add(fb, regs, registers, step, fb.range(depth, name="kk"), lanes)
+    else:
+        # Too few accumulators to cover the FMA latency (one row: GEMV, decoding): every
+        # chain sums every chains-th K position, and the chains add up at the end.
+        extra = fb.buffer("chains", vector(float32, lanes), [chains - 1, mr, vectors])
+        for c, r, v in repeat(chains - 1, mr, vectors, kind="unroll").on(0):
+            extra[c, r, v] = broadcast(0.0, lanes)
+        for kk in fb.range(depth // chains, name="kk"):
+            for c in range(chains):
+                into = regs if c == 0 else _Slice(extra, c - 1)
+                _multiply_add(fb, into, registers, step, [kk * chains + c], lanes)
+        _multiply_add(fb, regs, registers, step,
+                      (depth // chains * chains + kk for kk in
+                       fb.range(depth % chains, name="kk")), lanes)
+        for c, r, v in repeat(chains - 1, mr, vectors, kind="unroll").on(0):
+            regs[r, v] = regs[r, v] + extra[c, r, v]
     if last is None:
         _spill(cfg, regs, acc, origin)
         return
@@ -864,6 +879,25 @@ def register_tile(fb: FunctionBuilder, cfg: GemmConfig, acc: Buffer, origin: tup
         finish(regs)
     with fb.else_():
         _spill(cfg, regs, acc, origin)
+
+
+# Multiply-adds a register tile keeps in flight, in float lanes: an FMA's latency (4
+# cycles) times the lanes the FMA units retire per cycle (2 x 8 on AVX2 and on AMD's
+# AVX-512, which runs a 512-bit FMA as two 256-bit halves).
+LANES_IN_FLIGHT = 64
+
+
+def _chains(lanes: int) -> int:
+    """How many independent sums a tile of ``lanes`` accumulator lanes splits K into."""
+    return -(-LANES_IN_FLIGHT // lanes)
+
+
+def _multiply_add(fb: FunctionBuilder, regs, registers, step, positions, lanes: int) -> None:
+    """regs[r, v] += a(r) * b(v) at each K position of ``positions``."""
+    for kk in positions:
+        a_of, b_of = step(kk)
+        for r, v in registers.on(0):
+            regs[r, v] = call("fma", broadcast(a_of(r), lanes), b_of(v), regs[r, v])
 
 
 def _spill(cfg: GemmConfig, regs: Buffer, into: Buffer, origin: tuple) -> None:

@@ -10,7 +10,7 @@ from treadle.errors import ArgumentError, DTypeError, ShapeError
 from treadle.graph.graph import Graph
 from treadle.graph.operator import apply
 from treadle.graph.tensor import Tensor, constant
-from treadle.runtime.executor import _first_fit
+from treadle.runtime.executor import _first_fit, data_address
 
 
 def chain(length: int):
@@ -157,3 +157,11 @@ def test_inputs_by_name():
     assert_close(model(x=value)[0], reference_chain(value, 2))
     with pytest.raises(ArgumentError, match="unknown"):
         model(y=value)
+
+
+def test_data_address_is_numpy_s():
+    base = np.arange(60, dtype=np.float32).reshape(6, 10)
+    arrays = [base, base[2:], base[:, 3:], base.T, base[1:2, 4:5], np.empty(0, np.int8),
+              np.full((), 3.0), np.frombuffer(bytearray(16), np.int32)]
+    for array in arrays:
+        assert data_address(array) == array.ctypes.data

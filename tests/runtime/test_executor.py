@@ -159,7 +159,7 @@ def test_inputs_by_name():
         model(y=value)
 
 
-def test_data_address_is_numpy_s():
+def test_data_address_matches_numpys():
     base = np.arange(60, dtype=np.float32).reshape(6, 10)
     arrays = [base, base[2:], base[:, 3:], base.T, base[1:2, 4:5], np.empty(0, np.int8),
               np.full((), 3.0), np.frombuffer(bytearray(16), np.int32)]

@@ -231,7 +231,7 @@ class Executable:
 
     # ---- memory plan ---------------------------------------------------------------------
     def _plan(self, symbols: dict[Var, int]) -> _Plan:
-        key = tuple(symbols.get(v) for v in self.symbols) if symbols else ()
+        key = tuple(map(symbols.get, self.symbols))
         plan = self._plans.get(key)  # a dict lookup needs no lock; making a plan does
         if plan is None:
             with self._lock:

@@ -42,6 +42,7 @@ class CpuTarget:
 
     @property
     def widest_simd_bytes(self) -> int:
+        """Bytes of the widest vector registers generated code may use."""
         return 64 if WIDE_VECTORS_FEATURE in self.features else self.simd_bytes
 
     def lanes(self, element_bytes: int = 4) -> int:

@@ -649,18 +649,18 @@ class _Operands:
         return _f32(substitute(gemm.pattern.left, {**self.tile.batch, **m, **k}))
 
     def _right(self, q, kk, k: dict, v) -> Expr:
+        lanes = tile_lanes(self.gemm.cfg)
         if self.b_pack is not None:
             panel = q if self.b_panel is None else self.b_panel
-            lanes = tile_lanes(self.gemm.cfg)
             return self.b_pack.vload((panel, kk, v * lanes), lanes)
-        col = self.tile.col0 + q * self.gemm.cfg.micro_n + v * tile_lanes(self.gemm.cfg)
+        col = self.tile.col0 + q * self.gemm.cfg.micro_n + v * lanes
         return _right_vector(self.gemm, {**self.tile.batch, **k}, col)
 
 
 def _right_vector(gemm: _Gemm, coords: dict, col) -> Expr | None:
-    """A register's worth (tile_lanes) of consecutive columns of the right factor from ``col`` as one vector load, where
-    it is a load whose last index is the (only) N axis; None otherwise (with col None:
-    whether it is such a load)."""
+    """A register's worth (tile_lanes) of consecutive columns of the right factor from
+    ``col`` as one vector load, where it is a load whose last index is the (only) N axis;
+    None otherwise (with col None: whether it is such a load)."""
     right, n_axes = gemm.pattern.right, gemm.pattern.n_axes
     if not (isinstance(right, Load) and right.lanes == 1 and len(n_axes) == 1
             and right.indices[-1] == n_axes[0]
@@ -830,7 +830,7 @@ def tile_lanes(cfg: GemmConfig) -> int:
     """Lanes of the register tile's vectors: a row of 16 floats takes one 512-bit register
     where the target has them. Tiles are still sized in 256-bit vectors (check_config,
     the schedule space), so the widest registers serve 16-wide tiles, not tiles twice as
-    wide: on 128 x 768 x 768, 14 x 16 in 512-bit registers ran 8-10% faster than in
+    wide: on 128 x 768 x 768, 14 x 16 in 512-bit registers ran 9-11% faster than in
     256-bit ones and 3-10% faster than 14 x 32 or 12 x 32 in 512-bit ones."""
     return host().register_lanes(cfg.micro_n)
 

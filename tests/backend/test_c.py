@@ -134,6 +134,23 @@ def test_local_buffers():
     assert "tile[i] = A[i];" in text
 
 
+
+def test_loop_extent_that_is_a_select_keeps_its_precedence():
+    # A broadcast dimension is select(a == 1, b, a); `i < a == 1 ? b : a` would loop
+    # past the end.
+    with FunctionBuilder("count") as fb:
+        a, b = fb.symbol("a"), fb.symbol("b")
+        out = fb.param("out", "int64", [1])
+        out[0] = const(0)
+        for _ in fb.range(select(eq(a, 1), b, a)):
+            out[0] = out[0] + 1
+    assert "< (a == 1 ? b : a);" in generate([fb.function])
+    kernel = _compile(fb.function).functions["count"]
+    for va, vb, expected in [(1, 5, 5), (3, 1, 3), (4, 4, 4), (0, 1, 0)]:
+        result = np.zeros(1, np.int64)
+        kernel(result, a=va, b=vb)
+        assert result[0] == expected, (va, vb)
+
 def test_symbolic_local_buffer_is_rejected():
     with FunctionBuilder("symbolic_local") as fb:
         n = fb.symbol("n")

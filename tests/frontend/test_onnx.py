@@ -215,3 +215,15 @@ def test_model_names_that_are_not_identifiers_still_compile():
     assert compiled.input_names == [odd] and compiled.output_names == ["out/1"]
     x = random_array((4, 3), seed=5)
     assert_close(compiled(**{odd: x})[0], -x)
+
+
+@pytest.mark.parametrize("name", ["i0", "i2", "i3", "t0", "x0", "y0", "b0", "b1"])
+def test_dimension_names_never_collide_with_generated_names(name):
+    # Relu -> Pad -> Softmax: loop variables, the padded border's loops and the fused
+    # store's temporaries all take generated names.
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Pad", ["r", "p"], ["z"]),
+             helper.make_node("Softmax", ["z"], ["y"])]
+    model = make_model(nodes, [tensor("x", [name, "i1", 5])], [tensor("y", [name, "i1", 7])],
+                       {"p": np.array([0, 0, 1, 0, 0, 1], np.int64)})
+    x = random_array((3, 2, 5), seed=1)
+    assert_close(treadle.compile(model)(x=x)[0], run_onnxruntime(model, {"x": x})[0])

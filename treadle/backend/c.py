@@ -419,7 +419,7 @@ def _for(p: _FunctionPrinter, s: For) -> None:
     pragma = p.table(LOOP_PRAGMAS, kind, "LOOP_PRAGMAS")(p, s)
     if pragma:
         p.emit(pragma)
-    extent = p.text(s.extent)
+    extent = p.wrap(s.extent, C_BINARY["<"][1] + 1)  # a select binds looser than <
     p.names.push()
     var = p.names.declare(s.var, s.var.name)
     p.emit(f"for ({p.type(s.var.dtype)} {var} = 0; {var} < {extent}; ++{var}) {{")

@@ -229,34 +229,59 @@ class _Partitioner:
 
     # ---- order ---------------------------------------------------------------------------
     def _depends_on(self, tensor: Tensor, group: Group) -> bool:
-        """Whether computing ``tensor`` needs any operator of ``group``."""
+        """Whether computing ``tensor`` needs any operator of ``group``. A group's kernel
+        runs as one, so reaching any of its operators needs the inputs of all of them:
+        two groups that each read what the other computes would wait for each other."""
         members = {id(op) for op in group.ops}
-        first = min(self.position[m] for m in members)
+        floor = self._floor(min(self.position[m] for m in members), group)
         stack, seen = [tensor.producer], set()
         while stack:
             op = stack.pop()
-            if op is None or id(op) in seen or self.position[id(op)] < first:
+            if op is None or id(op) in seen or self.position[id(op)] < floor:
                 continue
             if id(op) in members:
                 return True
-            seen.add(id(op))
-            stack.extend(t.producer for t in op.inputs if t is not None)
+            owner = self.group_of.get(id(op))
+            for other in (owner.ops if owner is not None else [op]):
+                seen.add(id(other))
+                stack.extend(t.producer for t in other.inputs if t is not None)
         return False
+
+    def _floor(self, first: int, group: Group) -> int:
+        """A graph position below which no operator's kernel needs ``group`` (whose first
+        operator is at ``first``). Producers precede their readers in graph order, so a
+        walk up the inputs only climbs back above a position through a group spanning
+        it; lowered past every such span, nothing below can reach the group."""
+        spans = {id(g): (min(self.position[id(op)] for op in g.ops),
+                         max(self.position[id(op)] for op in g.ops))
+                 for g in self.group_of.values() if g is not group and len(g.ops) > 1}
+        floor, lowered = first, True
+        while lowered:
+            lowered = False
+            for low, high in spans.values():
+                if low < floor <= high:
+                    floor, lowered = low, True
+        return floor
 
     def _execution_order(self, groups: list[Group]) -> list[Group]:
         """Groups after every group they read from; otherwise in graph order."""
         order: list[Group] = []
         done: set[int] = set()
 
+        started: set[int] = set()
+
         def visit(group: Group) -> None:
             if id(group) in done:
                 return
-            done.add(id(group))
+            if id(group) in started:  # fusion let two groups read each other's results
+                raise AssertionError(f"fusion groups depend on each other at {group.name!r}")
+            started.add(id(group))
             members = {id(op) for op in group.ops}
             for op in group.ops:
                 for t in op.inputs:
                     if t is not None and t.producer is not None and id(t.producer) not in members:
                         visit(self.group_of[id(t.producer)])
+            done.add(id(group))
             order.append(group)
         for group in groups:
             visit(group)

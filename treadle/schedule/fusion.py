@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from treadle.errors import TreadleError
 from treadle.graph.operator import Operator
@@ -139,7 +139,8 @@ def _inline_prologues(body: Stmt, prologues: Sequence[Operator], buffers: _Tenso
 
 def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
     anchor = group.anchor.outputs[0]
-    stored = Var("stored", anchor.dtype)  # stands for the value the anchor stores
+    fresh = _fresh_names(group)
+    stored = Var(next(fresh), anchor.dtype)  # stands for the value the anchor stores
     axes = group.anchor.definition[0].axes
     # Every in-group tensor: its element (value and index, over the anchor's axes) that
     # the anchor's element at ``axes`` gives.
@@ -157,7 +158,7 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
             else:
                 index_of[id(out)] = tuple(i + b if b else i for i, b in zip(index,
                                                                             padding.before))
-                borders.append(_fill_border(buffers.of(out), source.shape, padding))
+                borders.append(_fill_border(buffers.of(out), source.shape, padding, fresh))
             continue
         tensor_of = dict(zip(op.input_buffers, op.inputs))
         indices = {_index_through(load, op.definition[0], index_of[id(tensor_of[load.buffer])])
@@ -170,7 +171,6 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
         values[id(out)] = substitute(value, dict(zip(op.definition[0].axes, index)))
         index_of[id(out)] = index
     target = buffers.of(anchor)
-    fresh = itertools.count()
 
     def visit(node):
         if isinstance(node, Load) and node.buffer == target:
@@ -179,7 +179,7 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
             return None
         if node.lanes != 1:
             raise FusionError(f"the schedule of {group.anchor.name!r} stores vectors")
-        var = Var(f"stored{next(fresh)}", anchor.dtype)
+        var = Var(next(fresh), anchor.dtype)
         env = {**dict(zip(axes, node.indices)), stored: var}
         writes = [Store(buffers.of(t), tuple(substitute(i, env) for i in index_of[id(t)]),
                         substitute(values[id(t)], env)) for t in group.outputs]
@@ -187,7 +187,16 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
     return Seq((*borders, rewrite(body, visit)))
 
 
-def _fill_border(buffer: Buffer, inner: Sequence[Dim], padding: Padding) -> Stmt:
+def _fresh_names(group: Group) -> Iterator[str]:
+    """Names for the kernel's own variables. A variable is its name, so none may be a
+    symbol of the group's shapes (a model's dimension may well be called b0)."""
+    taken = {v.name for op in group.ops for t in (*op.inputs, *op.outputs) if t is not None
+             for d in t.shape for v in free_vars(as_expr(d))}
+    return (f"t{k}" for k in itertools.count() if f"t{k}" not in taken)
+
+
+def _fill_border(buffer: Buffer, inner: Sequence[Dim], padding: Padding,
+                 fresh: Iterator[str]) -> Stmt:
     """Stores the fill at every index of ``buffer`` outside the box of ``inner`` elements
     from ``padding.before``: for each dimension d, the slab before the box and the one
     after it, spanning the box in the dimensions before d and everything in those after
@@ -200,7 +209,7 @@ def _fill_border(buffer: Buffer, inner: Sequence[Dim], padding: Padding) -> Stmt
         for start, extent in slabs:
             if extent == as_expr(0):
                 continue
-            axes = [Var(f"b{j}", index_type) for j in range(len(shape))]
+            axes = [Var(next(fresh), index_type) for _ in shape]
             index = ([a + b for a, b in zip(axes[:d], before[:d])] + [axes[d] + start]
                      + axes[d + 1:])
             extents = [*inner[:d], extent, *shape[d + 1:]]

@@ -18,6 +18,8 @@ Rules, applied to the computes an operator defines:
 """
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass, replace
 from typing import Collection, Sequence
 
@@ -89,10 +91,14 @@ def canonical_names(func: Function, num_inputs: int, num_outputs: int) -> Functi
     names += [f"w{k}" for k in range(len(func.buffers) - len(names))]
     buffers = {b: replace(b, name=n) for b, n in zip(func.buffers, names)}
     symbols = set(func.symbols)
+    # A variable is its name, so a loop variable must not take a symbol's (a model's
+    # dimension may well be called i0).
+    taken = {v.name for v in symbols}
+    fresh = (f"i{k}" for k in itertools.count() if f"i{k}" not in taken)
     variables: dict[Var, Var] = {}
     for node in walk(func.body):
         if isinstance(node, Var) and node not in symbols and node not in variables:
-            variables[node] = Var(f"i{len(variables)}", node.dtype)
+            variables[node] = Var(next(fresh), node.dtype)
         if isinstance(node, DeclBuffer):
             buffers[node.buffer] = replace(node.buffer, name=f"acc{len(buffers)}")
 

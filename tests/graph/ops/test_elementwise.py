@@ -6,7 +6,7 @@ import pytest
 
 from tests.harness import assert_close, random_array
 from treadle.compiler import compile_graph
-from treadle.errors import DTypeError, ShapeError
+from treadle.errors import DTypeError, KernelError, ShapeError
 from treadle.graph.graph import Graph
 from treadle.graph.operator import apply
 from treadle.graph.tensor import Tensor, constant
@@ -103,6 +103,38 @@ def test_symbolic_against_concrete_broadcast_is_checked_at_run_time():
     with pytest.raises(Exception, match="add"):
         model(np.ones(3, np.float32), ones)
 
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [
+    ((3,), (1,)), ((1,), (5,)), ((0,), (1,)), ((1,), (0,)), ((7,), (7,)), ((1,), (1,))])
+def test_a_symbol_that_is_one_at_run_time_broadcasts_against_another(a_shape, b_shape):
+    a, b = Tensor("a", "float32", ["p"]), Tensor("b", "float32", ["q"])
+    model = compile_graph(Graph.from_outputs([a, b], [apply("Add", [a, b])[0]]))
+    va, vb = random_array(a_shape, seed=1), random_array(b_shape, seed=2)
+    assert_close(model(va, vb)[0], va + vb, context=f"{a_shape} + {b_shape}")
+
+
+def test_symbols_of_size_one_broadcast_in_every_position():
+    c = Tensor("c", "bool", ["n", 1])
+    a, b = Tensor("a", "float32", ["m", "k"]), Tensor("b", "float32", [13])
+    where = apply("Where", [c, a, b])[0]
+    x, w = Tensor("x", "float32", ["s", 3, 5]), Tensor("w", "float32", ["t", 5, 2])
+    product = apply("MatMul", [x, w])[0]
+    model = compile_graph(Graph.from_outputs([c, a, b, x, w], [where, product]))
+    for n, m, k, s, t in [(1, 7, 13, 1, 4), (7, 1, 1, 3, 1), (7, 7, 13, 2, 2)]:
+        vc = np.random.default_rng(n).random((n, 1)) < 0.5
+        va, vb = random_array((m, k), seed=3), random_array((13,), seed=4)
+        vx, vw = random_array((s, 3, 5), seed=5), random_array((t, 5, 2), seed=6)
+        got = model(vc, va, vb, vx, vw)
+        assert_close(got[0], np.where(vc, va, vb), context=f"where n={n} m={m} k={k}")
+        assert_close(got[1], np.matmul(vx, vw), reduction=5, context=f"matmul s={s} t={t}")
+
+
+def test_symbols_that_cannot_broadcast_are_refused_at_run_time():
+    a, b = Tensor("a", "float32", ["p"]), Tensor("b", "float32", ["q"])
+    model = compile_graph(Graph.from_outputs([a, b], [apply("Add", [a, b], name="add")[0]]))
+    with pytest.raises(KernelError, match="'add'"):
+        model(np.ones(3, np.float32), np.ones(2, np.float32))
 
 def test_integer_ops_follow_onnx():
     a, b = Tensor("a", "int64", [6]), Tensor("b", "int64", [6])

@@ -7,7 +7,7 @@ import pytest
 
 from tests.harness import assert_close, random_array
 from treadle.compiler import compile_graph
-from treadle.errors import DTypeError, ShapeError, UnsupportedOpError
+from treadle.errors import DTypeError, KernelError, ShapeError, UnsupportedOpError
 from treadle.graph.graph import Graph
 from treadle.graph.operator import apply
 from treadle.graph.tensor import Tensor, constant
@@ -133,6 +133,20 @@ def test_layer_normalization_symbolic_and_half():
         ref, _, _ = _layer_norm(x.astype(np.float64), scale, None, -1, 1e-5)
         assert_close(program(x, scale)[0], ref.astype(np.float16))
 
+
+
+def test_layer_normalization_over_a_symbolic_axis_with_constant_scale():
+    t = Tensor("x", "float32", ["n", "d"])
+    scale, bias = random_array((61,), seed=2), random_array((61,), seed=3)
+    y, = apply("LayerNormalization", [t, constant(scale, "s"), constant(bias, "b")],
+               {"axis": -1}, name="norm")
+    program = compile_graph(Graph.from_outputs([t], [y]))
+    for n in (1, 7):
+        x = random_array((n, 61), seed=n)
+        ref, _, _ = _layer_norm(x.astype(np.float64), scale, bias, -1, 1e-5)
+        assert_close(program(x)[0], ref.astype(np.float32), context=f"n={n}")
+    with pytest.raises(KernelError, match="'norm'"):
+        program(random_array((3, 60), seed=4))
 
 def test_batch_and_instance_normalization():
     x = random_array((2, 5, 7, 3), seed=1, low=-4.0, high=6.0)

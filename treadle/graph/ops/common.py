@@ -8,7 +8,7 @@ from treadle.graph.operator import OpContext
 from treadle.graph.tensor import Dim, normalize_dim
 from treadle.ir import dtypes
 from treadle.ir.dtypes import DataType
-from treadle.ir.expr import Buffer, Expr, Load, as_expr, eq
+from treadle.ir.expr import Buffer, Expr, Load, as_expr, eq, select
 
 # ONNX TensorProto.DataType codes.
 ONNX_DTYPES: dict[int, DataType] = {
@@ -38,15 +38,16 @@ def _dim(d) -> Dim:
 
 
 def broadcast_shape(ctx: OpContext, *shapes: Sequence[Expr]) -> tuple[Dim, ...]:
-    """The numpy/ONNX broadcast of several shapes. A symbolic dimension against a concrete
-    one other than 1 is taken to equal it, and the kernel checks that at run time."""
+    """The numpy/ONNX broadcast of several shapes. A symbolic dimension may be 1 at run
+    time and then broadcasts: against a concrete size other than 1 it is taken to be that
+    size or 1, against another symbol the result is the larger of the two, and the kernel
+    checks at run time that the sizes agree."""
     rank = max(len(s) for s in shapes)
     padded = [(1,) * (rank - len(s)) + tuple(_dim(d) for d in s) for s in shapes]
     result = []
     for axis in range(rank):
-        dims = [p[axis] for p in padded]
         out: Dim = 1
-        for d in dims:
+        for d in (p[axis] for p in padded):
             if d == 1 or d == out:
                 continue
             if out == 1:
@@ -55,19 +56,38 @@ def broadcast_shape(ctx: OpContext, *shapes: Sequence[Expr]) -> tuple[Dim, ...]:
                 raise ctx.error(f"shapes {[list(map(str, s)) for s in shapes]} cannot be "
                                 f"broadcast (axis {axis}: {out} vs {d})")
             else:
-                ctx.require(eq(as_expr(d), as_expr(out)),
+                a, b = as_expr(out), as_expr(d)
+                ctx.require(eq(a, b) | eq(a, 1) | eq(b, 1),
                             f"dimension {axis} must match for broadcasting ({d} vs {out})")
-                out = out if isinstance(out, int) else d
+                if isinstance(d, int):
+                    out = d
+                elif not isinstance(out, int):
+                    out = _dim(select(eq(a, 1), b, a))  # 0 against 1 is 0
         result.append(out)
     return tuple(result)
 
 
-def broadcast_load(buffer: Buffer, out_axes: Sequence[Expr]) -> Load:
+def broadcast_index(dims: Sequence[Dim], out_axes: Sequence[Expr],
+                    out_shape: Sequence[Dim]) -> tuple[Expr, ...]:
+    """The index into trailing-aligned ``dims`` of the result's element at ``out_axes``
+    (of a result of ``out_shape``) under broadcasting. A symbolic dimension that differs
+    from the result's may be 1 at run time, so its index is chosen then."""
+    offset = len(out_axes) - len(dims)
+    index = []
+    for k, d in enumerate(dims):
+        d, axis = _dim(d), out_axes[offset + k]
+        if d == 1:
+            index.append(as_expr(0))
+        elif isinstance(d, int) or d == _dim(out_shape[offset + k]):
+            index.append(axis)
+        else:
+            index.append(select(eq(d, 1), 0, axis))
+    return tuple(index)
+
+
+def broadcast_load(buffer: Buffer, out_axes: Sequence[Expr], out_shape: Sequence[Dim]) -> Load:
     """Element of ``buffer`` read at output index ``out_axes`` under broadcasting."""
-    offset = len(out_axes) - buffer.rank
-    index = [as_expr(0) if _dim(d) == 1 else out_axes[offset + k]
-             for k, d in enumerate(buffer.shape)]
-    return buffer[tuple(index)]
+    return buffer[broadcast_index(buffer.shape, out_axes, out_shape)]
 
 
 def normalize_axis(ctx: OpContext, axis: int, rank: int) -> int:

@@ -146,8 +146,8 @@ def _define_binary(op: str, fn: Callable):
         if op != "PRelu":
             same_dtype(ctx, a, b)
         shape = broadcast_shape(ctx, a.shape, b.shape)
-        return [compute("y", shape, lambda *i: fn(broadcast_load(a, i), broadcast_load(b, i),
-                                                  ctx.attrs))]
+        return [compute("y", shape, lambda *i: fn(broadcast_load(a, i, shape),
+                                                  broadcast_load(b, i, shape), ctx.attrs))]
     register(op)(define)
 
 
@@ -158,9 +158,9 @@ def _define_variadic(op: str, combine: Callable, finish: Callable):
         shape = broadcast_shape(ctx, *(x.shape for x in xs))
 
         def element(*i):
-            value = broadcast_load(xs[0], i)
+            value = broadcast_load(xs[0], i, shape)
             for x in xs[1:]:
-                value = combine(value, broadcast_load(x, i))
+                value = combine(value, broadcast_load(x, i, shape))
             return finish(value, len(xs))
         return [compute("y", shape, element)]
     register(op)(define)
@@ -183,7 +183,8 @@ def power(ctx: OpContext):
     power = _small_integer(ctx.data(1))
 
     def element(*i):
-        base, exponent = broadcast_load(a, i), cast(broadcast_load(b, i), a.dtype)
+        base = broadcast_load(a, i, shape)
+        exponent = cast(broadcast_load(b, i, shape), a.dtype)
         if power is None:
             return call("pow", base, exponent)
         # A known small integer power as products: the loop stays vectorisable (GPT-2's
@@ -210,8 +211,9 @@ def where(ctx: OpContext):
     if cond.dtype != dtypes.boolean:
         raise ctx.error(f"condition must be bool, got {cond.dtype}")
     shape = broadcast_shape(ctx, cond.shape, a.shape, b.shape)
-    return [compute("y", shape, lambda *i: select(broadcast_load(cond, i), broadcast_load(a, i),
-                                                  broadcast_load(b, i)))]
+    return [compute("y", shape, lambda *i: select(broadcast_load(cond, i, shape),
+                                                  broadcast_load(a, i, shape),
+                                                  broadcast_load(b, i, shape)))]
 
 
 @register("Cast")

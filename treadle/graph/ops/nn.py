@@ -21,8 +21,8 @@ from typing import Sequence
 
 from treadle.errors import DTypeError
 from treadle.graph.operator import OpContext, register
-from treadle.graph.ops.common import (broadcast_load, broadcast_shape, normalize_axis,
-                                      onnx_dtype, same_dtype)
+from treadle.graph.ops.common import (broadcast_index, broadcast_load, broadcast_shape,
+                                      normalize_axis, onnx_dtype, same_dtype)
 from treadle.graph.ops.reduce import (accumulator, arg_reduce, count, project, reduce_axes,
                                       reduce_tensor)
 from treadle.graph.tensor import Dim, normalize_dim
@@ -56,12 +56,22 @@ def _per_channel(ctx: OpContext, i: int, channels: Expr) -> Buffer:
     return b
 
 
-def _broadcasts_to(ctx: OpContext, i: int, shape: Sequence[Expr]) -> Buffer:
-    """Input ``i``, which must broadcast to ``shape`` without growing it."""
+def _broadcasts_to(ctx: OpContext, i: int, shape: Sequence[Dim]) -> Buffer:
+    """Input ``i``, which must broadcast to ``shape`` without growing it (a symbolic
+    dimension is checked at run time)."""
     b = ctx.input(i)
-    if broadcast_shape(ctx, shape, b.shape) != broadcast_shape(ctx, shape):
+    if b.rank > len(shape):
         raise ctx.error(f"input {i} of shape {[str(d) for d in b.shape]} does not broadcast "
                         f"to {[str(d) for d in shape]}")
+    for axis, (d, s) in enumerate(zip(b.shape[::-1], shape[::-1])):
+        d, s = normalize_dim(d), normalize_dim(s)
+        if d == 1 or d == s:
+            continue
+        if isinstance(d, int) and isinstance(s, int):
+            raise ctx.error(f"input {i} of shape {[str(d) for d in b.shape]} does not "
+                            f"broadcast to {[str(d) for d in shape]}")
+        ctx.require(eq(as_expr(d), as_expr(s)) | eq(as_expr(d), 1),
+                    f"input {i}'s dimension {d} must be 1 or {s} ({axis} from the last)")
     return b
 
 
@@ -149,8 +159,8 @@ def layer_normalization(ctx: OpContext):
 
     def element(*i):
         p = project(i, axes, True)
-        y = (cast(x[i], work) - mean[p]) * inv_std[p] * cast(broadcast_load(scale, i), work)
-        return y + cast(broadcast_load(bias, i), work) if bias is not None else y
+        y = (cast(x[i], work) - mean[p]) * inv_std[p] * cast(broadcast_load(scale, i, x.shape), work)
+        return y + cast(broadcast_load(bias, i, x.shape), work) if bias is not None else y
     outputs = [compute("layernorm", x.shape, element, x.dtype)]
     # The optional outputs Mean and InvStdDev: stash type, reduced axes kept as 1.
     extras = [("mean", mean), ("inv_std_dev", inv_std)][:ctx.num_outputs - 1]
@@ -252,14 +262,6 @@ def _finish(ctx: OpContext, product: Compute, dtype: DataType, epilogue=None) ->
     return compute(ctx.op_type.lower(), product.shape, lambda *i: step(i, product[i]), dtype)
 
 
-def _batch_index(b: Buffer, batch: Sequence[Expr]) -> tuple[Expr, ...]:
-    """Index of ``b``'s leading (batch) dimensions under broadcasting to ``batch``."""
-    dims = b.shape[:-2]
-    offset = len(batch) - len(dims)
-    return tuple(as_expr(0) if normalize_dim(d) == 1 else batch[offset + k]
-                 for k, d in enumerate(dims))
-
-
 @register("MatMul")
 def matmul(ctx: OpContext):
     """numpy.matmul: a 1-D operand is a row (left) or column (right) vector that the
@@ -277,8 +279,8 @@ def matmul(ctx: OpContext):
 
     def element(*idx):
         out, r = idx[:-1], idx[-1]
-        left = a[(*_batch_index(a, out[:nb]), out[nb], r)] if rows else a[r]
-        right = b[(*_batch_index(b, out[:nb]), r, out[-1])] if cols else b[r]
+        left = a[(*broadcast_index(a.shape[:-2], out[:nb], batch), out[nb], r)] if rows else a[r]
+        right = b[(*broadcast_index(b.shape[:-2], out[:nb], batch), r, out[-1])] if cols else b[r]
         return cast(left, acc) * cast(right, acc)
     return [_finish(ctx, reduce("matmul", shape, [k], element), dtype)]
 
@@ -308,7 +310,7 @@ def gemm(ctx: OpContext):
 
     def epilogue(i, v):
         v = v if alpha == 1 else v * _c(alpha, acc)
-        return v if c is None else v + _c(beta, acc) * cast(broadcast_load(c, i), acc)
+        return v if c is None else v + _c(beta, acc) * cast(broadcast_load(c, i, [m, n]), acc)
     return [_finish(ctx, product, dtype, epilogue)]
 
 

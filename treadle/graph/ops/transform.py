@@ -401,7 +401,7 @@ def tile(ctx: OpContext):
 def expand(ctx: OpContext):
     x = ctx.input(0)
     shape = broadcast_shape(ctx, x.shape, ctx.known(1, "the target shape"))
-    return [compute("y", shape, lambda *i: broadcast_load(x, i))]
+    return [compute("y", shape, lambda *i: broadcast_load(x, i, shape))]
 
 
 # Pad: mode -> the input position read for an output position j (relative to the input,

@@ -5,9 +5,11 @@
     outputs = model(x)                  # numpy arrays or torch tensors in, numpy arrays out
     model.save("model.treadle")
     model = treadle.load("model.treadle")
+    print(treadle.check("model.onnx"))  # outputs against ONNX Runtime's, and where they part
 """
 from treadle.api import CompiledModel, compile, load
+from treadle.checker import check
 
 __version__ = "0.1.0"
 
-__all__ = ["CompiledModel", "compile", "load", "__version__"]
+__all__ = ["CompiledModel", "check", "compile", "load", "__version__"]

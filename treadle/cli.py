@@ -1,11 +1,14 @@
 """The ``treadle`` command.
 
     treadle run model.onnx [--input name=file.npy ...] [--dim seq=128 ...] [--repeat N]
+    treadle check model.onnx [--input name=file.npy ...] [--dim seq=128 ...]
     treadle show model.onnx
 
 ``run`` compiles the model, feeds it the given inputs (random ones otherwise: floats from
 a standard normal, integers from [0, 4), so that indices stay small), prints each output's
 shape and a summary of its values, and the median latency over ``--repeat`` calls.
+``check`` compares the model's outputs with ONNX Runtime's on the same inputs and, when one
+differs, names the first node whose output differs (``treadle.check``); it exits 1 then.
 ``show`` summarises the model without compiling it. Errors print one line and exit 2.
 """
 from __future__ import annotations
@@ -20,21 +23,22 @@ from typing import Sequence
 
 import numpy as np
 
+from treadle.checker import ATOL, RTOL, random_input
 from treadle.errors import TreadleError
 
 EXIT_ERROR = 2
-INT_HIGH = 4  # random integer inputs lie in [0, INT_HIGH)
+EXIT_DIFFERS = 1  # `check` found an output that differs from the reference
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        args.command(args)
+        status = args.command(args)
     except (TreadleError, OSError, ValueError) as err:
         message = " ".join(str(err).split()) or type(err).__name__
         print(f"treadle: error: {message}", file=sys.stderr)
         return EXIT_ERROR
-    return 0
+    return status or 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,6 +53,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--repeat", type=int, default=10, metavar="N",
                      help="timed calls after one warm-up call (default 10)")
     run.set_defaults(command=run_command)
+    check = commands.add_parser("check", help="compare a model's outputs with ONNX Runtime's "
+                                "and find the first node that differs")
+    check.add_argument("model", help="an ONNX file")
+    check.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                       help="an input's value (default: random)")
+    check.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
+                       help="the size of a symbolic dimension of random inputs (default 1)")
+    check.add_argument("--rtol", type=float, default=RTOL,
+                       help=f"error allowed relative to the largest reference value "
+                            f"(default {RTOL:g})")
+    check.add_argument("--atol", type=float, default=ATOL,
+                       help=f"absolute error allowed (default {ATOL:g})")
+    check.set_defaults(command=check_command)
     show = commands.add_parser("show", help="summarise a model without compiling it")
     show.add_argument("model", help="an ONNX file")
     show.set_defaults(command=show_command)
@@ -73,6 +90,17 @@ def run_command(args) -> None:
     for name, value in zip(model.output_names, outputs):
         print(f"{name}: {value.dtype}{list(value.shape)} {_summary(value)}")
     print(f"median latency: {statistics.median(times) * 1e3:.3f} ms over {args.repeat} calls")
+
+
+# ---- check -----------------------------------------------------------------------------------
+
+def check_command(args) -> int:
+    from treadle.checker import check
+    inputs = {name: np.load(path) for name, path in _pairs(args.input, "--input").items()}
+    dims = {k: _size(k, v) for k, v in _pairs(args.dim, "--dim").items()}
+    report = check(args.model, inputs, dims=dims, rtol=args.rtol, atol=args.atol)
+    print(report)
+    return 0 if report.agrees else EXIT_DIFFERS
 
 
 def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
@@ -108,7 +136,7 @@ def _inputs(model, files: dict[str, str], dims: dict[str, int]) -> dict[str, np.
     for slot in slots:
         if slot.name not in values:
             shape = [_concrete(d, slot.name, dims) for d in slot.shape]
-            values[slot.name] = _random(rng, slot.dtype.numpy, shape)
+            values[slot.name] = random_input(rng, slot.dtype.numpy, shape)
     return values
 
 
@@ -119,14 +147,6 @@ def _concrete(dim, input_name: str, dims: dict[str, int]) -> int:
         raise ValueError(f"input {input_name!r} has the symbolic dimension {dim}; give its "
                          f"size with --dim {dim}=N or pass the input with --input")
     return dims[str(dim)]
-
-
-def _random(rng: np.random.Generator, dtype: np.dtype, shape) -> np.ndarray:
-    if dtype == np.bool_:
-        return rng.integers(0, 2, shape).astype(dtype)
-    if np.issubdtype(dtype, np.integer):
-        return rng.integers(0, INT_HIGH, shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
 
 
 def _summary(value: np.ndarray) -> str:

@@ -69,8 +69,13 @@ def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int = 0) -> E
     kernels = build_functions(list(unique.values()), graph.name)
     steps = [Step(name, None if fn is None else kernels[fn], args, outs, ws)
              for name, fn, args, outs, ws in plans]
-    return Executable(slots, [slot_of[id(t)] for t in graph.inputs],
-                      [slot_of[id(t)] for t in graph.outputs], constants, steps, library_path())
+    executable = Executable(slots, [slot_of[id(t)] for t in graph.inputs],
+                            [slot_of[id(t)] for t in graph.outputs], constants, steps,
+                            library_path())
+    unordered = executable.reads_before_writes()
+    if unordered:  # a fault of the partition; running would read stale memory
+        raise AssertionError(f"steps read tensors before they are written: {unordered}")
+    return executable
 
 
 def build_functions(functions: Sequence[Function], name: str) -> dict[str, CompiledFunction]:

@@ -165,3 +165,23 @@ def test_data_address_matches_numpys():
               np.full((), 3.0), np.frombuffer(bytearray(16), np.int32)]
     for array in arrays:
         assert data_address(array) == array.ctypes.data
+
+
+def test_steps_that_read_before_a_write_are_found():
+    from treadle.runtime.executor import Executable
+    x = Tensor("x", "float32", [4, 8])
+    w = constant(random_array((8, 8), seed=1), "w")
+    hidden = apply("Relu", [apply("MatMul", [x, w])[0]])[0]
+    y = apply("MatMul", [hidden, w])[0]  # two kernels
+    good = compile_graph(Graph.from_outputs([x], [y]), optimize_graph=False)
+    assert good.reads_before_writes() == []
+    steps = list(reversed(good.steps))
+    bad = Executable(good.slots, good.inputs, good.outputs, good.constants, steps, good.runner)
+    assert bad.reads_before_writes() and all(
+        step == steps[0].name for step, _ in bad.reads_before_writes())
+    # Per-step trace: every kernel's written tensors, as they were after it ran.
+    value = random_array((4, 8), seed=2)
+    trace = good.trace(value)
+    assert [step.name for step, _ in trace] == [s.name for s in good.steps if s.kernel]
+    final = trace[-1][1][good.outputs[0]]
+    assert_close(final, np.maximum(value @ w.data, 0) @ w.data, reduction=64)

@@ -4,7 +4,8 @@ Tensors and operators are linked (a tensor knows its producer), so passes do not
 graph in place: ``rewrite_graph`` walks it in topological order and asks a rule what each
 node becomes, given its inputs in the new graph. A rule returns replacement tensors for
 the node's outputs, or None to keep the node (re-applied if its inputs changed, which
-re-runs shape inference).
+re-runs shape inference). A replacement holds the value of the tensor it replaces, so it
+takes that tensor's name among its ``aliases``.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def rewrite_graph(graph: Graph, rule: Rule) -> Graph:
         for old, replacement in zip(node.outputs, outputs):
             if replacement is not old:
                 mapping[id(old)] = replacement
+                replacement.aliases |= {old.name, *old.aliases}
     outputs = [_keep_name(old, new(old), graph, k) for k, old in enumerate(graph.outputs)]
     return Graph.from_outputs(graph.inputs, outputs, graph.name)
 

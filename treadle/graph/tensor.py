@@ -56,6 +56,9 @@ class Tensor:
     data: Optional[np.ndarray] = None
     value: Optional[tuple[Dim, ...]] = None  # flattened contents of a small int/bool tensor
     producer: Optional["Operator"] = field(default=None, repr=False)
+    # Names of the model's tensors whose value this one holds, in the same layout: graph
+    # passes replace tensors by equal ones (treadle.check compares them with a reference).
+    aliases: set[str] = field(default_factory=set, repr=False)
 
     def __post_init__(self):
         self.dtype = dtype_of(self.dtype)

@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -114,11 +114,33 @@ class Executable:
     def profile(self, *args, **named) -> list[tuple[str, float]]:
         """Runs once and returns (step name, seconds) for every kernel step, in order."""
         times: list[tuple[str, float]] = []
-        self._run(self._arguments(args, named), times)
+        self._run(self._arguments(args, named),
+                  lambda step, seconds, written: times.append((step.name, seconds)))
         return times
 
-    def _run(self, arrays: list[np.ndarray],
-             times: Optional[list[tuple[str, float]]] = None) -> list[np.ndarray]:
+    def trace(self, *args, **named) -> list[tuple[Step, dict[int, np.ndarray]]]:
+        """Runs once and returns, for every kernel step in order, a copy of each tensor it
+        wrote (by slot) as it was right after the step: a later step may reuse the
+        memory. Checking a model against a reference walks these."""
+        steps: list[tuple[Step, dict[int, np.ndarray]]] = []
+        self._run(self._arguments(args, named), lambda step, seconds, written: steps.append(
+            (step, {s: a.copy() for s, a in written.items()})))
+        return steps
+
+    def reads_before_writes(self) -> list[tuple[str, str]]:
+        """(step, tensor) for every step that reads a tensor no earlier step wrote and
+        that is neither an input nor a constant: a step order that computes garbage."""
+        ready = set(self.inputs) | set(self.constants)
+        found = []
+        for step in self.steps:
+            found += [(step.name, self.slots[a].name) for a in step.args
+                      if a >= 0 and a not in ready and a not in step.outputs]
+            ready.update(step.outputs)
+        return found
+
+    def _run(self, arrays: list[np.ndarray], watch: Optional[Callable] = None
+             ) -> list[np.ndarray]:
+        """``watch(step, seconds, {slot: array})``, if given, sees each kernel step run."""
         symbols = self._bind(arrays)
         plan = self._plan(symbols)
         base = self._arena(plan.arena_bytes)
@@ -126,7 +148,7 @@ class Executable:
         for slot in self.outputs:
             if slot not in values and slot not in self.constants:
                 values[slot] = np.empty(plan.shapes[slot], self.slots[slot].dtype.numpy)
-        if times is None and self._table is not None:
+        if watch is None and self._table is not None:
             self._table.run(plan, base, values, symbols)
             return [self._owned(s, values) for s in self.outputs]
         # Kernels take addresses: those of arrays, or the arena's base plus the planned
@@ -148,8 +170,10 @@ class Executable:
             scalars = [symbols[v] for v in self._step_symbols[index]]
             begin = time.perf_counter()
             step.kernel.call_unchecked(pointers + scalars)
-            if times is not None:
-                times.append((step.name, time.perf_counter() - begin))
+            if watch is not None:
+                seconds = time.perf_counter() - begin
+                watch(step, seconds, {s: self._array(pointers[step.args.index(s)], s, plan)
+                                      for s in step.outputs})
         return [self._owned(s, values) for s in self.outputs]
 
     def _array(self, pointer: int, slot: int, plan: _Plan) -> np.ndarray:

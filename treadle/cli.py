@@ -5,7 +5,7 @@
     treadle show model.onnx
 
 ``run`` compiles the model, feeds it the given inputs (random ones otherwise: floats from
-a standard normal, integers from [0, 4), so that indices stay small), prints each output's
+a standard normal, integers 0 or 1, so that indices stay valid), prints each output's
 shape and a summary of its values, and the median latency over ``--repeat`` calls.
 ``check`` compares the model's outputs with ONNX Runtime's on the same inputs and, when one
 differs, names the first node whose output differs (``treadle.check``); it exits 1 then.

@@ -2,7 +2,11 @@
 threads, and saved models that load without a compiler and refuse to be corrupted."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import pickle
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -48,8 +52,20 @@ def test_compile_takes_paths_protos_and_graphs(tmp_path):
 
 
 def test_other_model_types_are_a_clear_type_error():
-    with pytest.raises(TypeError, match="ONNX file path, an onnx.ModelProto or a treadle Graph"):
+    with pytest.raises(TypeError, match="ONNX file path, an ONNX model's bytes"):
         treadle.compile(object())
+
+
+def test_serialized_models_compile_as_onnxruntime_takes_them():
+    x = random_array((3, 5), seed=4)
+    assert_close(treadle.compile(affine_model().SerializeToString())(x)[0], expected(x))
+    with pytest.raises(ModelError, match="bytes given are not a serialized ONNX model"):
+        treadle.compile(b"\x07junk")
+
+
+def test_a_directory_is_a_model_error_naming_it(tmp_path):
+    with pytest.raises(ModelError, match=f"{tmp_path}: a directory, not an ONNX file"):
+        treadle.compile(tmp_path)
 
 
 def test_calls_by_position_and_by_name(compiled):
@@ -164,6 +180,79 @@ def test_damaged_saves_fail_to_load_with_a_clear_error(compiled, tmp_path, damag
     damage(tmp_path / "saved")
     with pytest.raises(ModelError, match=message):
         treadle.load(tmp_path / "saved")
+
+
+def _rewrite(folder, file, data: bytes, listed=True):
+    """Damage that the manifest agrees with: ``file`` holds ``data`` and the manifest
+    lists its hash (or, with ``listed`` False, does not list it at all)."""
+    (folder / file).write_bytes(data)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    if listed:
+        manifest["files"][file] = hashlib.sha256(data).hexdigest()
+    else:
+        del manifest["files"][file]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _truncate(folder, file, listed=True):
+    _rewrite(folder, file, (folder / file).read_bytes()[:3000], listed)
+
+
+def _kernels(folder):
+    return next(folder.glob("kernels_*.so")).name
+
+
+def _retype_constant(folder):
+    with np.load(folder / "constants.npz") as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    slot = next(iter(arrays))
+    arrays[slot] = arrays[slot].astype(np.float64)[None]
+    np.savez(folder / "constants.npz", **arrays)
+    _rewrite(folder, "constants.npz", (folder / "constants.npz").read_bytes())
+    return pickle.loads((folder / "program.pkl").read_bytes())["slots"][int(slot)].name
+
+
+def _drop_constants(folder):
+    np.savez(folder / "constants.npz")
+    _rewrite(folder, "constants.npz", (folder / "constants.npz").read_bytes())
+    return "lacks the constants"
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda f: _truncate(f, _kernels(f), listed=False), "kernels_.*so: not listed in the manifest"),
+    (lambda f: _truncate(f, _kernels(f)), "kernels_.*so: not a complete shared object"),
+    (lambda f: _truncate(f, "step_runner.so"), "step_runner.so: not a complete shared object"),
+    (lambda f: _truncate(f, "thread_pool.so"), "thread_pool.so: not a complete shared object"),
+    (lambda f: _rewrite(f, "step_runner.so", (f / "thread_pool.so").read_bytes()),
+     "step_runner.so: lacks the symbols treadle_run_steps"),
+    (_retype_constant, "constants.npz: constant '{}' is float64"),
+    (_drop_constants, "constants.npz: lacks the constants"),
+], ids=["unlisted_kernels", "truncated_kernels", "truncated_runner", "truncated_pool",
+        "runner_without_entry", "constant_of_wrong_type", "constant_missing"])
+def test_damage_the_manifest_agrees_with_is_a_model_error_not_a_crash(compiled, tmp_path, damage,
+                                                                     message):
+    """Opening a truncated shared object kills the process (SIGBUS), so the load runs in a
+    child: a regression fails this test instead of ending the test run."""
+    compiled.save(tmp_path / "saved")
+    message = message.format(damage(tmp_path / "saved"))
+    script = ("import sys, treadle\n"
+              "try:\n"
+              "    treadle.load(sys.argv[1])\n"
+              "except treadle.errors.ModelError as err:\n"
+              "    print(err)\n"
+              "    sys.exit(3)\n")
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "saved")],
+                            env=_child_environment(tmp_path), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 3, result.stderr
+    assert re.search(message, result.stdout), result.stdout
+    assert str(tmp_path / "saved") in result.stdout
+
+
+def _child_environment(tmp_path) -> dict:
+    source = os.path.dirname(os.path.dirname(treadle.__file__))
+    return {**os.environ, "TREADLE_CC": NO_COMPILER, "TREADLE_CACHE_DIR": str(tmp_path / "cache"),
+            "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])}
 
 
 def test_loading_a_missing_directory_is_a_model_error(tmp_path):

@@ -70,6 +70,14 @@ def test_show_lists_unsupported_ops(unsupported, capsys):
     (["run", "{affine}"], "--dim batch=N"),
     (["run", "{affine}", "--dim", "batch=many"], "expected a non-negative integer"),
     (["run", "{affine}", "--input", "nope=x.npy"], "not inputs of the model"),
+    (["run", "{affine}", "--dim", "bacth=2"], "--dim bacth: not a symbolic dimension of the "
+                                             "model's inputs (batch)"),
+    (["run", "{affine}", "--dim", "batch=2", "--dim", "batch=3"],
+     "--dim batch is given twice, as 2 and 3"),
+    (["run", "{affine}", "--dim", "batch"], "--dim 'batch': expected NAME=VALUE"),
+    (["run", "{affine}", "--dim", "batch=-1"], "expected a non-negative integer"),
+    (["run", "{affine}", "--dim", "batch=2", "--input", "x={x}"],
+     "--dim batch=2 conflicts with input 'x' of shape [3, 5]"),
     (["run", "{unsupported}"], "Wobble (nodes 'wobble_1', 'wobble_2')"),
     (["run", "{missing}"], "No such file"),
     (["show", "{garbage}"], "not a readable ONNX model"),
@@ -77,8 +85,9 @@ def test_show_lists_unsupported_ops(unsupported, capsys):
 def test_errors_print_one_line_and_exit_2(affine, unsupported, tmp_path, capsys, argv, message):
     garbage = tmp_path / "garbage.onnx"
     garbage.write_bytes(b"\x07junk")
+    np.save(tmp_path / "x.npy", np.zeros((3, 5), np.float32))
     paths = {"affine": affine, "unsupported": unsupported, "missing": tmp_path / "missing.onnx",
-             "garbage": garbage}
+             "garbage": garbage, "x": tmp_path / "x.npy"}
     assert main([a.format(**paths) for a in argv]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""

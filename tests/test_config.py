@@ -39,3 +39,10 @@ def test_override_is_scoped():
     with pytest.raises(TypeError, match="unknown config"):
         with override(threads=1):
             pass
+
+
+def test_plan_cache_size():
+    assert from_environment({}).plan_cache == 64
+    assert from_environment({"TREADLE_PLAN_CACHE": "8"}).plan_cache == 8
+    with pytest.raises(ValueError, match="TREADLE_PLAN_CACHE"):
+        from_environment({"TREADLE_PLAN_CACHE": "0"})

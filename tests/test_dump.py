@@ -1,4 +1,7 @@
 """TREADLE_DUMP writes every IR step and the generated source, under safe names."""
+import numpy as np
+
+import treadle
 from treadle.config import override
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.dtypes import float32
@@ -31,3 +34,23 @@ def test_hostile_names_stay_inside_the_dump_folder(tmp_path):
         compile_function(program("../../escape"))
     assert not (tmp_path / "escape").exists()
     assert all(tmp_path / "d" in p.parents for p in (tmp_path / "d").rglob("*"))
+
+
+def test_each_compiled_model_dumps_into_a_folder_of_its_own(tmp_path):
+    """The layout the README describes; a second compile of the same name, or a model
+    compiled inside another's compile (constant folding), overwrites nothing."""
+    from treadle import ops
+    x = ops.input("x", "float32", ["n", 8])
+    graph = ops.graph([x], [ops.relu(ops.add(x, ops.constant(np.ones(8, np.float32))))],
+                      name="tiny")
+    with override(dump_dir=tmp_path):
+        treadle.compile(graph)
+        treadle.compile(graph)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny", "tiny-2"]
+    for folder in (tmp_path / "tiny", tmp_path / "tiny-2"):
+        passes = sorted(p.name for p in (folder / "graph").iterdir())
+        assert passes[0] == "00_input.txt" and "01_canonicalize.txt" in passes
+        assert "partition.txt" in passes
+        kernel = next(p for p in folder.iterdir() if (p / "ir").is_dir())
+        assert (kernel / "ir" / "00_input.txt").is_file()
+        assert "treadle_set_num_threads" in (folder / "kernels_0.c").read_text()

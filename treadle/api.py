@@ -11,6 +11,9 @@ Shared objects are named by content hash because the dynamic loader reuses a lib
 already loaded from the same path, so a path must never name two different binaries.
 Loading checks every file's hash, then unpickles the program and loads the shared objects:
 a saved model is code, so load only saved models you trust, as with any shared object.
+Every file that is loaded must be listed with its hash, since opening a damaged shared
+object can kill the process (``backend.elf``); the constants must have the dtypes and
+shapes the program gives their tensors, and cover every tensor no step writes.
 """
 from __future__ import annotations
 
@@ -79,10 +82,11 @@ class CompiledModel:
                f"outputs={self.output_names})"
 
 
-def compile(model: str | os.PathLike | onnx.ModelProto | Graph, *,
+def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph, *,
             name: str | None = None, tune: int = 0,
             shapes: Mapping[str, Sequence] | None = None) -> CompiledModel:
-    """Compiles an ONNX model (a file path or an ``onnx.ModelProto``) or a treadle graph.
+    """Compiles an ONNX model (a file path, its serialized bytes or an ``onnx.ModelProto``)
+    or a treadle graph.
 
     ``tune`` picks how template schedules (matrix multiplications, convolutions) are
     chosen: 0 an analytic default for this CPU, 1 the fastest of a small measured space,
@@ -100,11 +104,13 @@ def compile(model: str | os.PathLike | onnx.ModelProto | Graph, *,
 def _as_graph(model, name: str | None) -> Graph:
     if isinstance(model, Graph):
         return replace(model, name=name) if name else model
-    if isinstance(model, (str, os.PathLike)) or type(model).__name__ == "ModelProto":
+    if isinstance(model, (str, os.PathLike, bytes, bytearray)) or \
+            type(model).__name__ == "ModelProto":
         from treadle.frontend.onnx import from_onnx
         return from_onnx(model, name)
-    raise TypeError(f"treadle.compile takes an ONNX file path, an onnx.ModelProto or a "
-                    f"treadle Graph, not {type(model).__module__}.{type(model).__qualname__}")
+    raise TypeError(f"treadle.compile takes an ONNX file path, an ONNX model's bytes, an "
+                    f"onnx.ModelProto or a treadle Graph, not "
+                    f"{type(model).__module__}.{type(model).__qualname__}")
 
 
 # ---- saving --------------------------------------------------------------------------------
@@ -210,25 +216,47 @@ def load(directory: str | os.PathLike) -> CompiledModel:
     try:
         if POOL in manifest["files"]:
             pool.library_path(saved=folder / POOL)
-        return _load_program(folder, RUNNER in manifest["files"])
+        return _load_program(folder, manifest["files"])
+    except ModelError:
+        raise
     except (pickle.UnpicklingError, EOFError, ImportError, AttributeError, KeyError,
             TypeError, ValueError, OSError) as err:
         raise ModelError(f"{folder}: cannot load the saved model ({err})") from None
 
 
-def _load_program(folder: Path, has_runner: bool) -> CompiledModel:
+def _load_program(folder: Path, listed: Mapping[str, str]) -> CompiledModel:
     program = pickle.loads((folder / PROGRAM).read_bytes())
     with np.load(folder / CONSTANTS) as npz:
         constants = {int(k): npz[k] for k in npz.files}
+    _check_constants(folder / CONSTANTS, program["slots"], constants)
     kernels = {}
     for file, functions in program["libraries"]:
+        if file not in listed:
+            raise ModelError(f"{folder / file}: not listed in the manifest, so its integrity "
+                             "cannot be checked")
         kernels.update(load_library(folder / file, functions).functions)
     steps = [Step(name, None if fn is None else kernels[fn], args, outputs, workspaces)
              for name, fn, args, outputs, workspaces in program["steps"]]
-    runner = folder / RUNNER if has_runner else None
+    runner = folder / RUNNER if RUNNER in listed else None
     executable = Executable(program["slots"], program["inputs"], program["outputs"],
                             constants, steps, runner)
+    unwritten = sorted({tensor for _, tensor in executable.reads_before_writes()})
+    if unwritten:
+        raise ModelError(f"{folder / CONSTANTS}: lacks the constants {', '.join(unwritten)}")
     return CompiledModel(executable, program["name"])
+
+
+def _check_constants(path: Path, slots: Sequence, constants: Mapping[int, np.ndarray]) -> None:
+    """Each constant must be what the kernels were compiled to read: they take addresses,
+    so a wrong dtype or shape would be read as garbage or past the end."""
+    for slot, array in constants.items():
+        if not 0 <= slot < len(slots):
+            raise ModelError(f"{path}: constant {slot} is no tensor of the program")
+        tensor = slots[slot]
+        if array.dtype != tensor.dtype.numpy or array.shape != tuple(tensor.shape):
+            raise ModelError(f"{path}: constant {tensor.name!r} is {array.dtype}"
+                             f"{list(array.shape)}; the program expects {tensor.dtype}"
+                             f"{list(tensor.shape)}")
 
 
 def _read_manifest(folder: Path) -> dict:

@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from treadle.compiler import compile_graph
+from treadle.dump import dump_folder
 from treadle.graph.graph import Graph
 from treadle.graph.optimize import optimize
 from treadle.graph.partition import Group, format_partition, partition
@@ -100,8 +101,10 @@ def check(model, inputs: Mapping[str, np.ndarray] | None = None, *,
     ``rtol`` times the reference's largest magnitude, with NaNs in the same places."""
     from treadle.frontend.onnx import from_onnx, load_model
     proto = load_model(model)
-    graph = optimize(from_onnx(proto))
-    executable = compile_graph(graph, optimize_graph=False, tune=tune)
+    graph = from_onnx(proto)
+    with dump_folder(f"{graph.name}-check"):  # the passes here, the kernels in a folder inside
+        graph = optimize(graph)
+        executable = compile_graph(graph, optimize_graph=False, tune=tune)
     feeds = _inputs(graph, dict(inputs or {}), dict(dims or {}), seed)
     names = [t.name for t in graph.outputs]
     expected = dict(zip(names, _onnxruntime(proto, feeds, names)))

@@ -104,12 +104,13 @@ def check_command(args) -> int:
 
 
 def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
-    pairs = {}
+    pairs: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
             raise ValueError(f"{flag} {item!r}: expected NAME=VALUE")
-        pairs[key] = value
+        if pairs.setdefault(key, value) != value:  # which one was meant is anyone's guess
+            raise ValueError(f"{flag} {key} is given twice, as {pairs[key]} and {value}")
     return pairs
 
 
@@ -127,11 +128,17 @@ def _inputs(model, files: dict[str, str], dims: dict[str, int]) -> dict[str, np.
                          f"inputs are {model.input_names}")
     values = {name: np.load(path) for name, path in files.items()}
     slots = [executable.slots[i] for i in executable.inputs]
+    symbols = sorted({str(d) for s in slots for d in s.shape if not isinstance(d, int)})
+    unknown = sorted(set(dims) - set(symbols))
+    if unknown:  # a typo would otherwise be ignored in silence
+        raise ValueError(f"--dim {', '.join(unknown)}: not a symbolic dimension of the "
+                         f"model's inputs ({', '.join(symbols) or 'it has none'})")
     for slot in slots:  # symbols given by input files need no --dim
         if slot.name in values:
             for dim, size in zip(slot.shape, values[slot.name].shape):
-                if not isinstance(dim, int):
-                    dims.setdefault(str(dim), size)
+                if not isinstance(dim, int) and dims.setdefault(str(dim), size) != size:
+                    raise ValueError(f"--dim {dim}={dims[str(dim)]} conflicts with input "
+                                     f"{slot.name!r} of shape {list(values[slot.name].shape)}")
     rng = np.random.default_rng(0)
     for slot in slots:
         if slot.name not in values:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from treadle.backend.build import build_many
 from treadle.backend.c import generate
-from treadle.dump import dump_text
+from treadle.dump import dump_folder, dump_text
 from treadle.graph.graph import Graph
 from treadle.graph.partition import format_partition, partition
 from treadle.graph.optimize import optimize
@@ -22,14 +22,20 @@ from treadle.ir.lower import lower
 from treadle.ir.stmt import Function
 from treadle.runtime.dispatch import library_path
 from treadle.runtime.executor import Executable, Slot, Step
-from treadle.runtime.module import CompiledFunction, load
+from treadle.runtime.module import CompiledFunction, exported_symbols, load
 from treadle.schedule.fusion import schedule_group
 
 FUNCTIONS_PER_OBJECT = 24
 
 
 def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int = 0) -> Executable:
-    """``tune``: the tuning level of template schedules (0 analytic, 1 small, 2 full)."""
+    """``tune``: the tuning level of template schedules (0 analytic, 1 small, 2 full).
+    Under TREADLE_DUMP, everything is dumped into a folder of this compile's own."""
+    with dump_folder(graph.name):
+        return _compile_graph(graph, optimize_graph, tune)
+
+
+def _compile_graph(graph: Graph, optimize_graph: bool, tune: int) -> Executable:
     if optimize_graph:
         graph = optimize(graph)
     tensors = list(graph.tensors)
@@ -85,8 +91,9 @@ def build_functions(functions: Sequence[Function], name: str) -> dict[str, Compi
               for k in range(0, len(lowered), FUNCTIONS_PER_OBJECT)]
     sources = [generate(group) for group in groups]
     for k, source in enumerate(sources):
-        dump_text((name, f"kernels_{k}.c"), source)
-    paths = build_many([(source, f"{name}_{k}") for k, source in enumerate(sources)])
+        dump_text((f"kernels_{k}.c",), source)
+    paths = build_many([(source, f"{name}_{k}", exported_symbols(group))
+                        for k, (source, group) in enumerate(zip(sources, groups))])
     compiled: dict[str, CompiledFunction] = {}
     for path, group in zip(paths, groups):
         compiled.update(load(path, group).functions)

@@ -12,6 +12,7 @@
 | TREADLE_PIN_WORKERS  | pin_workers  | pin each kernel worker thread to a core of its own (1) |
 | TREADLE_VERIFY       | verify       | verify the IR after every pass (1) or only at the end  |
 | TREADLE_CC           | cc           | the C compiler (gcc)                                   |
+| TREADLE_PLAN_CACHE   | plan_cache   | memory plans a model keeps, one per set of sizes (64)  |
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class Config:
     pin_workers: bool
     verify: bool
     cc: str
+    plan_cache: int
 
 
 def _positive_int(name: str, text: str) -> int:
@@ -52,6 +54,7 @@ def _positive_int(name: str, text: str) -> int:
 def from_environment(env=os.environ) -> Config:
     dump = env.get("TREADLE_DUMP")
     threads = env.get("TREADLE_NUM_THREADS")
+    plans = env.get("TREADLE_PLAN_CACHE")
     return Config(
         cache_dir=Path(env.get("TREADLE_CACHE_DIR") or Path.home() / ".cache" / "treadle"),
         dump_dir=Path(dump) if dump else None,
@@ -59,6 +62,7 @@ def from_environment(env=os.environ) -> Config:
         pin_workers=env.get("TREADLE_PIN_WORKERS", "1") not in ("", "0"),
         verify=env.get("TREADLE_VERIFY", "0") not in ("", "0"),
         cc=env.get("TREADLE_CC") or "gcc",
+        plan_cache=_positive_int("TREADLE_PLAN_CACHE", plans) if plans else 64,
     )
 
 

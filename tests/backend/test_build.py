@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
+import shutil
 import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -61,9 +65,17 @@ def test_flags_are_the_documented_ones():
     assert {f for f in flags if f.startswith("-m")} == {f"-m{f}" for f in host().features}
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "no_json", "bad_json", "no_so"])
+def _rehash(path) -> None:
+    """Makes the entry's meta.json agree with whatever its kernel.so now holds."""
+    meta = path.parent / "meta.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()),
+                                "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "no_json", "bad_json", "no_so",
+                                    "other_symbols", "file_for_folder"])
 def test_broken_entries_are_rebuilt(cache, damage):
-    path = build(_source(3), "three")
+    path = build(_source(3), "three", ["answer"])
     meta = path.parent / "meta.json"
     if damage == "truncate":
         path.write_bytes(path.read_bytes()[:200])
@@ -73,11 +85,38 @@ def test_broken_entries_are_rebuilt(cache, damage):
         meta.unlink()
     elif damage == "bad_json":
         meta.write_text('{"sha256": "')
+    elif damage == "other_symbols":  # a sound library, with its hash, that lacks `answer`
+        path.write_bytes(build("int question(void) { return 0; }\n", "other").read_bytes())
+        _rehash(path)
+    elif damage == "file_for_folder":
+        shutil.rmtree(path.parent)
+        path.parent.write_text("not a cache entry")
     else:
         path.unlink()
-    assert build(_source(3), "three") == path
-    assert len(cache) == 2
+    assert build(_source(3), "three", ["answer"]) == path
+    assert len(cache) == 2 + (damage == "other_symbols")
     assert _answer(path) == 3
+
+
+def test_truncated_entry_with_a_matching_hash_is_rebuilt_not_loaded(tmp_path):
+    """dlopen of a truncated library kills the process (SIGBUS), so the damaged entry is
+    used by a child: a regression fails this test instead of ending the test run."""
+    script = ("import sys, ctypes\n"
+              "from treadle.backend.build import build\n"
+              "path = build(sys.argv[1], 'five', ['answer'])\n"
+              "print(ctypes.CDLL(str(path)).answer())\n")
+    source = Path(build_module.__file__).parents[2]
+    env = {**os.environ, "TREADLE_CACHE_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(source), os.environ.get("PYTHONPATH", "")])}
+    with override(cache_dir=tmp_path):
+        path = build(_source(5), "five")
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes()[:size // 2])
+    _rehash(path)
+    result = subprocess.run([sys.executable, "-c", script, _source(5)], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout == "5\n", result.stderr
+    assert path.stat().st_size == size
 
 
 def test_compiler_error_raises_with_log_and_source_path(cache):

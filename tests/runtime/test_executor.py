@@ -6,6 +6,7 @@ import pytest
 
 from tests.harness import assert_close, random_array
 from treadle.compiler import compile_graph
+from treadle.config import override
 from treadle.errors import ArgumentError, DTypeError, ShapeError
 from treadle.graph.graph import Graph
 from treadle.graph.operator import apply
@@ -102,6 +103,23 @@ def test_symbolic_sizes_get_their_own_plans():
         value = random_array((n, 64), seed=n)
         assert_close(model(value)[0], reference_chain(value, 3))
     assert len(model._plans) == 3
+
+
+def test_plans_are_kept_for_the_most_recently_used_sizes_only():
+    model = chain(3)
+    with override(plan_cache=4):
+        hot = random_array((5, 64), seed=5)
+        model(hot)
+        kept = model._plans[(5,)]
+        for n in range(6, 30):  # a size called between every new one stays cached
+            value = random_array((n, 64), seed=n)
+            assert_close(model(value)[0], reference_chain(value, 3))
+            model(hot)
+            assert len(model._plans) <= 4
+        assert model._plans[(5,)] is kept
+        assert list(model._plans)[-2:] == [(29,), (5,)]
+        assert_close(model(random_array((6, 64), seed=6))[0],  # evicted, planned again
+                     reference_chain(random_array((6, 64), seed=6), 3))
 
 
 def test_outputs_are_owned_by_the_caller():

@@ -1,5 +1,6 @@
 """The exhaustive tuner: picks the measured-fastest point, stores it, and serves later
 lookups — including a whole second compile — from the record without measuring."""
+import json
 import logging
 
 import numpy as np
@@ -95,6 +96,27 @@ def test_rejected_and_failing_points(cache, small_space, monkeypatch, caplog):
     assert cfg == exhaustive.default_gemm_config("g", *matmul(), host())
     assert "every candidate failed" in caplog.text
     assert load_record(workload_text(*matmul(), 1, host())) is None
+
+
+@pytest.mark.parametrize("impossible", [{"block_m": 0}, {"block_n": -16}, {"micro_n": 7},
+                                        {"block_m": 7}, {"micro_m": "6"}, {"split_k": True}])
+def test_a_record_of_impossible_values_is_ignored_and_tuned_again(cache, small_space, monkeypatch,
+                                                                  caplog, impossible):
+    """Valid JSON that the template cannot use (an edited or damaged record) must not
+    break every later compile of the model."""
+    FakeClock(monkeypatch, [3e-3, None, 1e-3])
+    inputs, pattern = matmul()
+    exhaustive.tune_gemm("g", inputs, pattern, 1)
+    path = next((cache / "tuning").iterdir())
+    data = json.loads(path.read_text())
+    data["config"].update(impossible)
+    path.write_text(json.dumps(data))
+    clock = FakeClock(monkeypatch, [3e-3, None, 1e-3])
+    with caplog.at_level(logging.WARNING):
+        assert exhaustive.tune_gemm("g", inputs, pattern, 1) == SPACE[2]
+    assert f"ignoring unusable tuning record {path}" in caplog.text
+    assert clock.calls == 1  # tuned again, and the record rewritten:
+    assert load_record(workload_text(inputs, pattern, 1, host())).config == SPACE[2]
 
 
 def two_layer_model():

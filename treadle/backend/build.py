@@ -4,12 +4,13 @@ An entry is the folder ``<cache_dir>/kernels/<key>/`` holding ``kernel.c``, ``ke
 and ``meta.json`` (with the .so's sha256). The key hashes everything that decides the
 binary: the source, the flags, the compiler's version line and the target's features.
 Files are written under temporary names in the entry folder and renamed into place, the
-json last; a hit is used only when the .so matches the hash in the json and loads, so a
-corrupt, truncated or half-written entry is rebuilt, never loaded.
+json last. A hit is used only when the .so matches the hash in the json and, read as ELF
+(``backend.elf``), is complete and defines the symbols the caller will look up; the check
+never opens it, since opening a truncated .so kills the process. Anything else (a corrupt,
+truncated or half-written entry, a file where the folder should be) is rebuilt.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
 import json
@@ -19,8 +20,9 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
+from treadle.backend.elf import check_shared_object
 from treadle.config import config
 from treadle.errors import CompileError
 from treadle.target.cpu import host
@@ -55,19 +57,20 @@ def cache_key(source: str) -> str:
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()
 
 
-def build(source: str, name: str) -> Path:
+def build(source: str, name: str, symbols: Iterable[str] = ()) -> Path:
     """The path of a shared object compiled from ``source``, from the cache when a valid
-    entry exists; ``name`` only labels messages."""
+    entry that defines ``symbols`` exists; ``name`` only labels messages."""
     key = cache_key(source)
     entry = Path(config.cache_dir) / "kernels" / key
     with _lock(key):
-        if _valid(entry):
+        if _valid(entry, symbols):
             return entry / "kernel.so"
         return _compile(entry, source, name)
 
 
-def build_many(items: Sequence[tuple[str, str]]) -> list[Path]:
-    """``build`` for each ``(source, name)``, running compilers in parallel."""
+def build_many(items: Sequence[tuple]) -> list[Path]:
+    """``build(*item)`` for each ``(source, name)`` or ``(source, name, symbols)``, running
+    compilers in parallel."""
     if not items:
         return []
     with ThreadPoolExecutor(max_workers=min(len(items), os.cpu_count() or 1)) as pool:
@@ -84,12 +87,12 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _valid(entry: Path) -> bool:
+def _valid(entry: Path, symbols: Iterable[str]) -> bool:
     try:
         meta = json.loads((entry / "meta.json").read_text())
         if meta["sha256"] != _sha256(entry / "kernel.so"):
             return False
-        ctypes.CDLL(str(entry / "kernel.so"))
+        check_shared_object(entry / "kernel.so", symbols)
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return True
@@ -103,6 +106,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def _compile(entry: Path, source: str, name: str) -> Path:
+    if entry.is_file() or entry.is_symlink():  # a stray file where the entry's folder
+        entry.unlink()                             # belongs; the cache owns every name here
     entry.mkdir(parents=True, exist_ok=True)
     src, so = entry / "kernel.c", entry / "kernel.so"
     _write_atomic(src, source.encode())

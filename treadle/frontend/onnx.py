@@ -46,8 +46,10 @@ ATTRIBUTE_DECODERS = {
     AttributeProto.TENSORS: lambda a: [numpy_helper.to_array(t) for t in a.tensors],
 }
 
-def from_onnx(model: str | os.PathLike | onnx.ModelProto, name: str | None = None) -> Graph:
-    """The graph of an ONNX model given as a file path or a ``ModelProto``."""
+def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto,
+              name: str | None = None) -> Graph:
+    """The graph of an ONNX model given as a file path, its serialized bytes (as
+    ``onnxruntime.InferenceSession`` takes them) or a ``ModelProto``."""
     proto = load_model(model)
     check_opset(proto)
     check_supported(proto.graph)
@@ -56,12 +58,20 @@ def from_onnx(model: str | os.PathLike | onnx.ModelProto, name: str | None = Non
     return _build(proto.graph, name or proto.graph.name or "model")
 
 
-def load_model(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
+def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         return model
+    if isinstance(model, (bytes, bytearray)):
+        try:
+            return onnx.load_model_from_string(bytes(model))
+        except DecodeError as err:
+            raise ModelError(f"the {len(model)} bytes given are not a serialized ONNX model "
+                             f"({err})") from None
     if not isinstance(model, (str, os.PathLike)):
-        raise TypeError(f"expected an ONNX file path or an onnx.ModelProto, got "
+        raise TypeError(f"expected an ONNX file path, its bytes or an onnx.ModelProto, got "
                         f"{type(model).__name__}")
+    if os.path.isdir(model):
+        raise ModelError(f"{os.fspath(model)}: a directory, not an ONNX file")
     try:
         return onnx.load(os.fspath(model))
     except (DecodeError, onnx.checker.ValidationError, UnicodeDecodeError) as err:

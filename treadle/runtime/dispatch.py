@@ -16,6 +16,7 @@ import ctypes
 from pathlib import Path
 
 from treadle.backend.build import build
+from treadle.backend.elf import open_library
 
 MAX_ARITY = 48  # kernels with more parameters are called from Python
 ENTRY = "treadle_run_steps"
@@ -57,12 +58,12 @@ int32_t {ENTRY}(int64_t count, void *const *entry, const int32_t *arity,
 
 def library_path() -> Path:
     """The runner's shared object, built (or found in the cache) on first use."""
-    return build(source(), "step_runner")
+    return build(source(), "step_runner", [ENTRY])
 
 
 def load_runner(path: Path) -> ctypes._CFuncPtr:
     """The runner's entry point in the shared object at ``path``."""
-    run = ctypes.CDLL(str(path))[ENTRY]
+    run = open_library(path, [ENTRY])[ENTRY]
     run.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                     ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]
     run.restype = ctypes.c_int32

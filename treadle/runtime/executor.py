@@ -4,7 +4,9 @@ The graph's tensors are slots. A step either runs a kernel on slots (plus scratc
 workspaces) or makes a slot a reshaped view of another (reshape-like operators cost
 nothing). Intermediate tensors and workspaces live in one arena, placed by a first-fit
 plan over their lifetimes, so memory is reused once a tensor is dead. Sizes may depend on
-symbols, so the plan is computed per distinct set of symbol values and cached. Each
+symbols, so the plan is computed per distinct set of symbol values and cached, the
+``TREADLE_PLAN_CACHE`` most recently used ones (a model called at every sequence length
+would otherwise keep a plan for each forever). Each
 calling thread has an arena of its own, kept between its calls, so a compiled model may
 be called from several threads.
 
@@ -17,12 +19,14 @@ import ctypes
 import platform
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from treadle.config import config
 from treadle.errors import ArgumentError, DTypeError, ShapeError
 from treadle.graph.tensor import Dim
 from treadle.ir.dtypes import DataType, int64
@@ -85,7 +89,7 @@ class Executable:
         self.steps = tuple(steps)
         self.symbols = sorted({v for s in self.slots for d in s.shape if isinstance(d, Expr)
                                for v in free_vars(d)}, key=lambda v: v.name)
-        self._plans: dict[tuple, _Plan] = {}
+        self._plans: OrderedDict[tuple, _Plan] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
         self._arenas = threading.local()  # each calling thread's arena, kept between calls
         self._constant_addresses = {slot: array.ctypes.data
@@ -256,12 +260,19 @@ class Executable:
     # ---- memory plan ---------------------------------------------------------------------
     def _plan(self, symbols: dict[Var, int]) -> _Plan:
         key = tuple(map(symbols.get, self.symbols))
-        plan = self._plans.get(key)  # a dict lookup needs no lock; making a plan does
+        plan = self._plans.get(key)  # a lookup needs no lock; making a plan does
         if plan is None:
             with self._lock:
                 plan = self._plans.get(key)
                 if plan is None:
                     plan = self._plans[key] = self._make_plan(symbols)
+                    while len(self._plans) > config.plan_cache:
+                        self._plans.popitem(last=False)
+        elif key:  # a static model has one plan, and nothing to reorder on its calls
+            try:
+                self._plans.move_to_end(key)
+            except KeyError:  # another thread has just evicted it
+                pass
         return plan
 
     def _make_plan(self, symbols: dict[Var, int]) -> _Plan:

@@ -16,6 +16,7 @@ import numpy as np
 
 from treadle.backend.build import build
 from treadle.backend.c import c_name, generate, messages_symbol
+from treadle.backend.elf import open_library
 from treadle.config import config
 from treadle.dump import dump_text
 from treadle.errors import ArgumentError, IRError, KernelError
@@ -128,9 +129,16 @@ def _read_messages(library: ctypes.CDLL, symbol: str) -> tuple[str, ...]:
     return tuple(messages)
 
 
+def exported_symbols(functions: Sequence[Function]) -> list[str]:
+    """The symbols ``load`` looks up in a shared object built from ``generate(functions)``."""
+    return ["treadle_set_num_threads", *(c_name(f) for f in functions),
+            *(messages_symbol(f) for f in functions)]
+
+
 def load(path: Path | str, functions: Sequence[Function]) -> CompiledModule:
-    """Loads a shared object built from ``generate(functions)``."""
-    library = ctypes.CDLL(str(path))
+    """Loads a shared object built from ``generate(functions)``; OSError where it is
+    damaged or lacks a function (``backend.elf``)."""
+    library = open_library(path, exported_symbols(functions))
     library.treadle_set_num_threads.argtypes = [ctypes.c_int]
     library.treadle_set_num_threads.restype = None
     library.treadle_set_num_threads(config.num_threads)
@@ -149,7 +157,7 @@ def compile_module(module: Module) -> CompiledModule:
     lowered = [lower(f) for f in module.functions]
     source = generate(lowered)
     dump_text((module.name, "kernel.c"), source)
-    return load(build(source, module.name), lowered)
+    return load(build(source, module.name, exported_symbols(lowered)), lowered)
 
 
 def compile_function(func: Function) -> CompiledFunction:

@@ -27,6 +27,7 @@ import threading
 from pathlib import Path
 
 from treadle.backend.build import build
+from treadle.backend.elf import open_library
 from treadle.config import config
 
 SPIN_US = 5000  # how long an idle worker stays awake for the next loop
@@ -238,8 +239,11 @@ __attribute__((constructor)) static void register_fork_handler(void) {
 """
 
 
+SYMBOLS = ("treadle_pool_configure", "treadle_pool_worker_ids", "treadle_parallel_for")
+
+
 def _built() -> Path:
-    return build(SOURCE, "thread_pool")
+    return build(SOURCE, "thread_pool", SYMBOLS)
 
 
 _loaded: list[tuple[Path, ctypes.CDLL]] = []  # the pool of this process, once opened
@@ -252,7 +256,7 @@ def _library(saved: Path | None = None) -> tuple[Path, ctypes.CDLL]:
     with _lock:
         if not _loaded:
             path = saved if saved is not None else _built()
-            library = ctypes.CDLL(str(path))
+            library = open_library(path, SYMBOLS)
             library.treadle_pool_configure.argtypes = [
                 ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32, ctypes.c_int64]
             library.treadle_pool_configure.restype = None

@@ -37,7 +37,8 @@ def tune_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPattern, 
     if level == 0:
         return default_gemm_config(name, inputs, pattern, target)
     workload = workload_text(inputs, pattern, level, target)
-    record = load_record(workload)
+    # A record the template rejects (edited, or damaged into valid JSON) is tuned afresh.
+    record = load_record(workload, lambda cfg: schedule_gemm(name, inputs, pattern, cfg))
     if record is not None:
         return record.config
     candidates = _schedulable(name, inputs, pattern, gemm_space(level, target))

@@ -40,6 +40,7 @@ from treadle.ir.expr import Buffer, Var
 from treadle.ir.functor import evaluate, free_vars
 from treadle.ir.lower import lower
 from treadle.ir.stmt import Function
+from treadle.runtime.module import exported_symbols
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,8 @@ def _build(functions: Sequence[Function]) -> list[Path | None]:
     lowered = [lower(f) for f in functions]
     groups = [list(range(k, min(k + FUNCTIONS_PER_OBJECT, len(lowered))))
               for k in range(0, len(lowered), FUNCTIONS_PER_OBJECT)]
-    items = [(generate([lowered[k] for k in g]), f"tune_{g[0]}") for g in groups]
+    items = [(generate([lowered[k] for k in g]), f"tune_{g[0]}",
+              exported_symbols([lowered[k] for k in g])) for g in groups]
     try:
         paths: list[Path | None] = list(build_many(items))
     except CompileError:

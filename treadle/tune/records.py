@@ -7,8 +7,10 @@ left and right factors and the epilogue, printed with every name replaced by its
 first appearance — plus what decides which schedule wins: the target's features, cache
 sizes, registers and threads, the tuning level, and the template's source (a rewritten
 template is tuned afresh). Records are written under a temporary name and renamed into
-place; a record that is unreadable, or whose workload text differs, is ignored (and
-overwritten by the next tuning). A stored config replays to the same IR.
+place; a record that is unreadable, whose workload text differs, or whose config the
+template rejects (valid JSON with impossible values: a block of 0, a string) is ignored
+with a warning naming the file, and overwritten by the next tuning. A stored config
+replays to the same IR.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import re
 import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from treadle.config import config
 from treadle.ir.expr import Buffer, Load
@@ -68,18 +70,22 @@ def record_key(workload: str) -> str:
     return hashlib.sha256(workload.encode()).hexdigest()
 
 
-def load_record(workload: str) -> Record | None:
-    """The stored record of ``workload``, or None when there is none or it is unusable."""
+def load_record(workload: str, check: Callable[[GemmConfig], object] = lambda cfg: None
+                ) -> Record | None:
+    """The stored record of ``workload``, or None when there is none or it is unusable;
+    ``check(config)`` raises ScheduleConfigError where the template cannot use it."""
     path = _path(workload)
     try:
         data = json.loads(path.read_text())
         if data["format"] != FORMAT or data["workload"] != workload:
             raise ValueError("written for another workload or format")
-        return Record(workload, _config(data["config"]),
-                      tuple((_config(c), t) for c, t in data["timings"]))
+        record = Record(workload, _config(data["config"]),
+                        tuple((_config(c), t) for c, t in data["timings"]))
+        check(record.config)
+        return record
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError) as err:  # ScheduleConfigError too
         log.warning("ignoring unusable tuning record %s (%s); it will be rewritten", path, err)
         return None
 
@@ -111,7 +117,7 @@ def _path(workload: str) -> Path:
 def _config(data: dict) -> GemmConfig:
     known = {f.name for f in fields(GemmConfig)}
     if not isinstance(data, dict) or set(data) != known or \
-            not all(isinstance(v, int) for v in data.values()):
+            not all(type(v) is int for v in data.values()):  # bool is an int too
         raise ValueError(f"not a GemmConfig: {data!r}")
     return GemmConfig(**data)
 

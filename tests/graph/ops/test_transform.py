@@ -251,6 +251,22 @@ def test_indexing():
     ])
 
 
+
+def test_gather_nd():
+    check([
+        Case("GatherND", [In((5, 7)), In((3, 2), "int64", -5, 5)]),
+        Case("GatherND", [In((5, 7, 3)), In((2, 4, 1), "int64", 0, 5)]),
+        Case("GatherND", [In((2, 5, 3)), In((2, 1), "int64", -3, 3)], {"batch_dims": 1}),
+        Case("GatherND", [In((2, 3, 7, 4)), In((2, 3, 5, 2), "int64", -4, 4)],
+             {"batch_dims": 2}),
+        Case("GatherND", [In((4, 3)), np.array([[3, -1], [0, 2]], np.int64)]),
+    ])
+    check([
+        # Position ids as the dynamo exporter writes them: a symbolic batch of rows.
+        Case("GatherND", [In(("n", 11, 5)), In(("n", "m", 1), "int64", 0, 11)],
+             {"batch_dims": 1}),
+    ], envs=({"n": 1, "m": 1}, {"n": 3, "m": 7}, {"n": 2, "m": 0}))
+
 def test_scatter():
     rows = np.array([[4, 0, -2], [1, 3, 0]], np.int64)  # distinct targets per column
     repeated = np.array([[1, 1, 0], [1, 0, 1]], np.int32)

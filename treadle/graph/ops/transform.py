@@ -503,6 +503,33 @@ def gather_elements(ctx: OpContext):
     return [compute("y", index_shape, element)]
 
 
+@register("GatherND")
+def gather_nd(ctx: OpContext):
+    """Slices of ``data`` at the index tuples in the last dimension of ``indices``, after
+    ``batch_dims`` leading dimensions the two share (torch's dynamo exporter writes it for
+    advanced indexing, such as position ids)."""
+    data, shape = ctx.input(0), _dims(ctx, 0)
+    indices, index_shape = _integer_input(ctx, 1, "indices"), _dims(ctx, 1)
+    batch = int(ctx.attr("batch_dims", 0))
+    if not index_shape or not isinstance(index_shape[-1], int):
+        raise ctx.unsupported("the last dimension of indices must be known when compiling")
+    depth, q = index_shape[-1], len(index_shape)
+    if not 0 <= batch < min(q, len(shape) + 1) or batch + depth > len(shape):
+        raise ctx.error(f"indices of shape {[str(d) for d in index_shape]} with batch_dims "
+                        f"{batch} do not index data of rank {len(shape)}")
+    for a in range(batch):
+        _require_at_most(ctx, index_shape[a], shape[a], f"indices' batch dimension {a}")
+        _require_at_most(ctx, shape[a], index_shape[a], f"data's batch dimension {a}")
+
+    def element(*i):
+        tuple_at = i[:q - 1]
+        position = [_index(indices[(*tuple_at, as_expr(j))], shape[batch + j])
+                    for j in range(depth)]
+        return data[(*i[:batch], *position, *i[q - 1:])]
+    out = [*index_shape[:q - 1], *shape[batch + depth:]]
+    return [compute("y", out, element)]
+
+
 @register("OneHot")
 def one_hot(ctx: OpContext):
     indices, shape = ctx.input(0), _dims(ctx, 0)

@@ -154,7 +154,7 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
             values[id(out)] = values[id(source)]
             index = index_of[id(source)]
             if padding is None:
-                index_of[id(out)] = unravel(ravel(index, source.shape), out.shape)
+                index_of[id(out)] = _view_index(index, source.shape, out.shape)
             else:
                 index_of[id(out)] = tuple(i + b if b else i for i, b in zip(index,
                                                                             padding.before))
@@ -185,6 +185,14 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
                         substitute(values[id(t)], env)) for t in group.outputs]
         return Seq((Let(var, node.value), *writes))
     return Seq((*borders, rewrite(body, visit)))
+
+
+def _view_index(index: Sequence[Expr], source: Sequence[Dim], out: Sequence[Dim]) -> tuple:
+    """Where a view (a row-major reinterpretation) puts its source's element at
+    ``index``. A rank-0 source ravels to the int 0, which must become an expression, and a
+    rank-0 view has the empty index."""
+    flat = as_expr(ravel(index, source))
+    return tuple(as_expr(i) for i in unravel(flat, out)) if out else ()
 
 
 def _fresh_names(group: Group) -> Iterator[str]:

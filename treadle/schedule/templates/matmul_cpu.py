@@ -714,11 +714,12 @@ def _one_row_of_tiles(gemm: _Gemm) -> bool:
     and the left factor packed for all of K stays in the cores' L2 caches: the threads
     then pack A once, together, instead of once per tile each (a 128 x 768 x 3072 dense
     layer re-packed A for each of its N tiles; a 7x7x512 3x3 convolution, 49 x 4608,
-    spent a fifth of its time packing all of A on both threads)."""
-    cfg, M, K = gemm.cfg, gemm.size("m"), gemm.size("k")
+    spent a fifth of its time packing all of A on both threads). A symbolic tile count
+    packs per tile: that is right for any count."""
+    cfg, M, K, tiles = gemm.cfg, gemm.size("m"), gemm.size("k"), _num_tiles(gemm)
     if not (isinstance(M, int) and isinstance(K, int) and M <= cfg.block_m
             and gemm.size("batch") == 1 and cfg.split_k == 1 and not _in_place(gemm)[0]
-            and _num_tiles(gemm) > 1):
+            and isinstance(tiles, int) and tiles > 1):
         return False
     target = host()
     packed_bytes = 4 * ceil_div(K, cfg.block_k) * cfg.block_m * _left_row(cfg)

@@ -1,0 +1,31 @@
+"""Graphs the differential fuzzer (test_differential.py) found treadle getting wrong,
+shrunk by hand and fixed here for good. Each test names what broke and where it was fixed."""
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper
+
+from tests.frontend.onnx_models import make_model, tensor
+from tests.fuzz.compare import assert_matches_onnxruntime
+from tests.harness import random_array
+
+
+def test_view_of_a_scalar_in_an_epilogue():
+    """A reduction to a scalar, flattened to [1, 1] and then activated: the Flatten joins
+    the reduction's epilogue, and the index of its element came from the rank-0 source
+    as a plain 0, not an expression (schedule/fusion.py)."""
+    nodes = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+             helper.make_node("Flatten", ["total"], ["flat"], axis=0),
+             helper.make_node("Relu", ["flat"], ["y"])]
+    model = make_model(nodes, [tensor("x", [2, 3])], [tensor("y", [1, 1])])
+    assert_matches_onnxruntime(model, {"x": random_array((2, 3))})
+
+
+def test_vector_times_matrix_of_symbolic_width():
+    """A 1-D left factor times a matrix of symbolic width: whether the GEMM's tiles share
+    one row of A asked the truth of the symbolic tile count
+    (schedule/templates/matmul_cpu.py)."""
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["y"])]
+    model = make_model(nodes, [tensor("a", [4]), tensor("b", [4, "n"])], [tensor("y", ["n"])])
+    assert_matches_onnxruntime(model, {"a": random_array((4,)),
+                                       "b": random_array((4, 5), seed=1)})

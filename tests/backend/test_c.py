@@ -20,6 +20,7 @@ from treadle.ir.functor import evaluate
 from treadle.ir.mapping import spatial
 from treadle.backend.build import build
 from treadle.runtime.module import load
+from treadle.target import cpu
 from treadle.target.cpu import host
 
 SCALAR_DTYPES = [t for t in dtypes.BY_NAME.values() if not t.is_vector]
@@ -622,3 +623,61 @@ def test_prefetch_fetches_a_load_address_and_is_a_no_op():
     b2 = np.zeros(8, np.float32)
     interpret(fb.function, a, b2)
     np.testing.assert_array_equal(b2, a + 1)
+
+
+@pytest.mark.parametrize("flags", [("avx2", "fma"), ("avx2", "fma", "avx512f", "avx512vl")])
+def test_float_min_max_propagate_nan_on_avx2_and_avx512(monkeypatch, flags):
+    """A NaN on either side of min and max wins, as in numpy: scalar and vector helpers,
+    the reduce_max primitive, and max/min reductions vectorised with a NaN flag beside the
+    accumulator (its lanes, its scalar tail, and an accumulator already NaN before the
+    loop), for code built for AVX2 and for AVX-512."""
+    if not set(flags) <= set(host().features):
+        pytest.skip(f"the CPU lacks {set(flags) - set(host().features)}")
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: set(flags))
+    cpu.host.cache_clear()
+    try:
+        lanes = 16 if "avx512f" in flags else 8
+        with FunctionBuilder(f"nan_minmax_{lanes}") as fb:
+            A, B = fb.param("A", "float32", [lanes]), fb.param("B", "float32", [lanes])
+            S, V = fb.param("S", "float32", [4, lanes]), fb.param("V", "float32", [2, lanes])
+            R = fb.param("R", "float32", [1])
+            for i in fb.range(lanes, name="i"):
+                S[0, i], S[1, i] = maximum(A[i], B[i]), maximum(B[i], A[i])
+                S[2, i], S[3, i] = minimum(A[i], B[i]), minimum(B[i], A[i])
+            a, b = A.vload(0, lanes), B.vload(0, lanes)
+            V[0, 0], V[1, 0] = maximum(a, b), minimum(b, a)
+            R[0] = call("reduce_max", a)
+        a = np.resize(np.array([np.nan, 1, np.nan, -np.inf, np.inf, 2], np.float32), lanes)
+        b = np.resize(np.array([1, np.nan, np.nan, np.nan, 3, -np.inf], np.float32), lanes)
+        s, v = np.zeros((4, lanes), np.float32), np.zeros((2, lanes), np.float32)
+        r = np.zeros(1, np.float32)
+        _compile(fb.function)[fb.function.name](a, b, s, v, r)
+        np.testing.assert_array_equal(s, [np.maximum(a, b), np.maximum(b, a),
+                                          np.minimum(a, b), np.minimum(b, a)])
+        np.testing.assert_array_equal(v, [np.maximum(a, b), np.minimum(b, a)])
+        np.testing.assert_array_equal(r, [np.nan])
+        for op, init, reference in (("max", -np.inf, np.max), ("min", np.inf, np.min)):
+            func = _row_reduce(op, init)
+            assert f"#pragma omp simd reduction({op}:acc) reduction(|:acc_nan)" in generate([func])
+            kernel = getattr(_compile(func), func.name)
+            for cols in (1, 7, 61, 2039):
+                x = np.random.default_rng(cols).standard_normal((5, cols)).astype(np.float32)
+                x[0, 0], x[1, cols // 2], x[2, -1], x[3] = np.nan, np.nan, np.nan, np.nan
+                x[4, 0], x[4, -1] = np.inf, -np.inf
+                y = np.empty(5, np.float32)
+                kernel(x, y)
+                np.testing.assert_array_equal(y, reference(x, axis=1), err_msg=f"{op} {cols}")
+        nan_init = _row_reduce("max", np.nan)
+        y = np.empty(2, np.float32)
+        getattr(_compile(nan_init), nan_init.name)(np.ones((2, 61), np.float32), y)
+        np.testing.assert_array_equal(y, [np.nan, np.nan])
+    finally:
+        monkeypatch.undo()
+        cpu.host.cache_clear()
+
+
+def test_constant_min_max_fold_like_numpy():
+    nan = const(float("nan"), "float32")
+    for op in (maximum, minimum):
+        assert np.isnan(evaluate(op(nan, 1.0)))
+        assert np.isnan(evaluate(op(const(1.0, "float32"), nan)))

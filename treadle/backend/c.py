@@ -59,7 +59,8 @@ SHIFT_OPS = ("<<", ">>")
 # libm functions by primitive; float32 calls the f-suffixed one.
 LIBM = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf",
         "sin": "sin", "cos": "cos", "floor": "floor", "ceil": "ceil", "round": "rint",
-        "pow": "pow"}
+        "pow": "pow", **{f: f for f in ("tan", "asin", "acos", "atan", "sinh", "cosh",
+                                        "asinh", "acosh", "atanh")}}
 # Vector dtype -> fused multiply-add intrinsic; the 512-bit ones only where the CPU has them.
 FMA_INTRINSICS = {dtypes.vector(scalar, bits // scalar.bits): f"_mm{width}_fmadd_{suffix}"
                   for scalar, suffix in ((dtypes.float32, "ps"), (dtypes.float64, "pd"))
@@ -349,7 +350,17 @@ def _store(p: _FunctionPrinter, s: Store) -> None:
 
 
 def _accumulate(p: _FunctionPrinter, s: Accumulate) -> None:
-    _store(p, Store(s.buffer, (), combine(s.op, s.buffer[()], s.value)))
+    flag = p.nan_flags.get(s.buffer)
+    if flag is None:
+        _store(p, Store(s.buffer, (), combine(s.op, s.buffer[()], s.value)))
+        return
+    # See _nan_flags: an ordered compare keeps the accumulator where the value is NaN.
+    value = Var(f"{s.buffer.name}_value", s.buffer.dtype)
+    acc = s.buffer[()]
+    _let(p, Let(value, s.value))
+    name = p.name_of(value)
+    p.emit(f"{flag} |= -({name} != {name});")
+    _store(p, Store(s.buffer, (), Select(Binary(ORDERED[s.op], value, acc), value, acc)))
 
 
 def _let(p: _FunctionPrinter, s: Let) -> None:
@@ -387,16 +398,49 @@ def _assert(p: _FunctionPrinter, s: Assert) -> None:
 OMP_REDUCTIONS = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 
 
+# A float max or min step that keeps the accumulator when either side is NaN:
+# acc = value > acc ? value : acc, one max instruction.
+ORDERED = {"max": ">", "min": "<"}
+
+
+def _reductions(s: For) -> list[Accumulate]:
+    """The Accumulates of the loop ``s`` into accumulators declared outside it."""
+    declared = {n.buffer for n in walk(s.body) if isinstance(n, DeclBuffer)}
+    return [n for n in walk(s.body) if isinstance(n, Accumulate) and n.buffer not in declared]
+
+
 def _simd(p: _FunctionPrinter, s: For) -> str:
     """``omp simd``, with a reduction clause for each accumulator the loop updates but
     does not declare: each lane then keeps a partial result, combined after the loop."""
-    declared = {n.buffer for n in walk(s.body) if isinstance(n, DeclBuffer)}
     clauses = {}
-    for n in walk(s.body):
-        if isinstance(n, Accumulate) and n.buffer not in declared:
-            op = p.table(OMP_REDUCTIONS, n.op, "OMP_REDUCTIONS")
-            clauses[f"reduction({op}:{p.name_of(n.buffer)})"] = None
+    for n in _reductions(s):
+        op = p.table(OMP_REDUCTIONS, n.op, "OMP_REDUCTIONS")
+        clauses[f"reduction({op}:{p.name_of(n.buffer)})"] = None
+    clauses.update({f"reduction(|:{flag})": None for flag in p.nan_flags.values()})
     return " ".join(["#pragma omp simd", *clauses])
+
+
+def _nan_flags(p: _FunctionPrinter, s: For) -> dict[Buffer, str]:
+    """Declares a NaN flag for each float max or min the vectorize loop ``s`` reduces.
+
+    The NaN-propagating helper would carry the accumulator through a compare, an or of
+    masks and a blend per vector, three times slower than a max instruction on a row in
+    cache. Instead each step is one max, which keeps the accumulator where the value is
+    NaN, and a NaN value sets the flag, an int reduced with | off that chain; after the
+    loop a set flag makes the result NaN (_close_nan_flags). The flag starts set where
+    the accumulator is already NaN: OpenMP's max may drop it when combining the lanes."""
+    flags = {}
+    for n in _reductions(s):
+        if n.op in ORDERED and n.buffer.dtype.is_float and n.buffer not in flags:
+            acc = p.name_of(n.buffer)
+            flags[n.buffer] = p.names.declare((n.buffer, "nan"), f"{acc}_nan")
+            p.emit(f"int32_t {flags[n.buffer]} = {acc} != {acc};")
+    return flags
+
+
+def _close_nan_flags(p: _FunctionPrinter, flags: dict[Buffer, str]) -> None:
+    for buffer, flag in flags.items():
+        p.emit(f"if ({flag}) {p.name_of(buffer)} = NAN;")
 
 
 LOOP_PRAGMAS: dict[str, Callable[[_FunctionPrinter, For], str | None]] = {
@@ -416,6 +460,26 @@ def _for(p: _FunctionPrinter, s: For) -> None:
     if kind == "parallel":
         _parallel_for(p, s)
         return
+    if kind == "vectorize" and _nan_flags_needed(s):
+        p.emit("{")
+        p.depth += 1
+        p.names.push()
+        p.nan_flags = _nan_flags(p, s)
+        _loop(p, s, kind)
+        _close_nan_flags(p, p.nan_flags)
+        p.nan_flags = {}
+        p.names.pop()
+        p.depth -= 1
+        p.emit("}")
+    else:
+        _loop(p, s, kind)
+
+
+def _nan_flags_needed(s: For) -> bool:
+    return any(n.op in ORDERED and n.buffer.dtype.is_float for n in _reductions(s))
+
+
+def _loop(p: _FunctionPrinter, s: For, kind: str) -> None:
     pragma = p.table(LOOP_PRAGMAS, kind, "LOOP_PRAGMAS")(p, s)
     if pragma:
         p.emit(pragma)
@@ -539,6 +603,7 @@ class _FunctionPrinter:
         self.depth = 1
         self.messages: list[str] = []
         self.special_loops: list[str] = []  # kinds of the enclosing parallel and simd loops
+        self.nan_flags: dict[Buffer, str] = {}  # of the enclosing simd loop (_nan_flags)
         self.fail_label: str | None = None  # where a failure jumps inside such a loop
         self.status_address = "&treadle_status"  # in an outlined body, a pointer to it
         self.outlined: list[str] = []  # parallel loop bodies, printed before the kernel

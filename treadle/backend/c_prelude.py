@@ -169,14 +169,24 @@ def _vector_typedefs(dtype: DataType) -> str:
             f"aligned({dtype.scalar.bits // 8})));")
 
 
+def _scalar_minmax(op: str, dtype: DataType, a: str, b: str) -> str:
+    """min(a, b) / max(a, b) as functor.evaluate: ``b`` where it is strictly smaller /
+    larger or, for floats, NaN; a NaN ``a`` fails both tests, so a NaN on either side
+    wins, as in numpy. ``b`` is tested for NaN first, a branch the CPU predicts, so the
+    common path is one max instruction. (Vectorised reductions do not come here: see
+    c._nan_flags.)"""
+    nan_test = f"__builtin_isnan({b}) ? {b} : " if dtype.is_float else ""
+    return f"{nan_test}{b} {'<' if op == 'min' else '>'} {a} ? {b} : {a}"
+
+
 def _minmax(op: str, dtype: DataType, t: str) -> str:
-    # Python's min(a, b) / max(a, b), as functor.evaluate: `a` unless `b` is strictly
-    # smaller / larger. Vectors select lanes with the mask a comparison yields.
-    cmp = "<" if op == "min" else ">"
     head = f"static inline {t} treadle_{op}_{dtype.name}({t} a, {t} b) {{\n"
     if not dtype.is_vector:
-        return head + f"    return b {cmp} a ? b : a;\n}}"
-    return head + (f"    __typeof__(b {cmp} a) m = b {cmp} a;\n"
+        return head + f"    return {_scalar_minmax(op, dtype, 'a', 'b')};\n}}"
+    # Vectors select lanes with the mask the comparisons yield.
+    cmp = "<" if op == "min" else ">"
+    mask = f"(b {cmp} a) | (b != b)" if dtype.is_float else f"b {cmp} a"
+    return head + (f"    __typeof__(b < a) m = {mask};\n"
                    f"    return ({t})((m & (__typeof__(m))b) | (~m & (__typeof__(m))a));\n}}")
 
 
@@ -205,7 +215,7 @@ def _abs(dtype: DataType, t: str) -> str:
 
 def _reduce(op: str, dtype: DataType, t: str) -> str:
     element = c_scalar_type(dtype)
-    step = {"add": "r + v[k]", "max": "v[k] > r ? v[k] : r", "min": "v[k] < r ? v[k] : r"}[op]
+    step = "r + v[k]" if op == "add" else _scalar_minmax(op, dtype, "r", "v[k]")
     return (f"static inline {element} treadle_reduce_{op}_{dtype.name}({t} v) {{\n"
             f"    {element} r = v[0];\n"
             f"    for (int k = 1; k < {dtype.lanes}; ++k)\n"

@@ -6,13 +6,23 @@ error listing each op type with its node names), then the model's structure (eve
 defined once, before use) and ``onnx.checker``. Building is then a walk over the nodes in
 file order, which ONNX requires to be topological: initializers and Constant nodes become
 constant tensors, graph inputs become tensors whose unknown dimensions are named symbols,
-and every other node is applied through the operator registry, which infers its outputs.
-Names from the model are kept as they are; the backend sanitizes them before they reach C.
+and every other node is applied through the operator registry, which infers its outputs
+(graph outputs may omit their shapes: the inferred ones stand). Names from the model are
+kept as they are; the backend sanitizes them before they reach C.
+
+Op definitions follow the newest version of each operator. Where an older version that
+the model's opset selects means something else for the same node, ``OLDER_FORMS``
+rewrites the node into the newer form. Versions that only moved an attribute to an input
+(Split, Squeeze, Unsqueeze, the Reduce ops' ``axes``) need no entry: the definitions read
+either form, and a node has only the one its version allows. Versions that only added
+dtypes need none either: an unsupported dtype is refused where it is read.
 """
 from __future__ import annotations
 
 import os
 from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import numpy as np
 import onnx
@@ -28,7 +38,7 @@ from treadle.graph.tensor import Tensor
 from treadle.ir import dtypes
 from treadle.ir.dtypes import DataType
 
-OPSETS = range(13, 22)  # versions of the default domain whose op semantics treadle follows
+OPSETS = range(11, 29)  # versions of the default domain whose op semantics treadle follows
 DEFAULT_DOMAINS = ("", "ai.onnx")
 # Op types the importer handles itself rather than through the registry.
 IMPORTED_DIRECTLY = {"Constant"}
@@ -46,6 +56,29 @@ ATTRIBUTE_DECODERS = {
     AttributeProto.TENSORS: lambda a: [numpy_helper.to_array(t) for t in a.tensors],
 }
 
+
+def _rows_normalised(op_type: str, inputs: list[Optional[Tensor]], attrs: dict, name: str,
+                     output_names: list[str]) -> list[Tensor]:
+    """Softmax, LogSoftmax and Hardmax before opset 13 view the input as a matrix, the
+    dimensions from ``axis`` (by default 1) on making one row, and normalise whole rows."""
+    x = inputs[0]
+    rows = apply("Flatten", [x], {"axis": attrs.get("axis", 1)}, name=f"{name}/rows")[0]
+    y = apply(op_type, [rows], {"axis": 1}, name=f"{name}/{op_type}")[0]
+    shape = apply("Shape", [x], name=f"{name}/shape")[0]
+    return apply("Reshape", [y, shape], name=name, output_names=output_names)
+
+
+@dataclass(frozen=True)
+class OlderForm:
+    """A node of the op in a model whose opset is below ``until`` means what ``rewrite``
+    (op type, inputs, attributes, node name, output names) builds in the newer form."""
+    until: int
+    rewrite: Callable[[str, list, dict, str, list[str]], list[Tensor]]
+
+
+OLDER_FORMS = {op: OlderForm(13, _rows_normalised) for op in ("Softmax", "LogSoftmax", "Hardmax")}
+
+
 def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto,
               name: str | None = None) -> Graph:
     """The graph of an ONNX model given as a file path, its serialized bytes (as
@@ -55,7 +88,7 @@ def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto,
     check_supported(proto.graph)
     check_structure(proto.graph)
     _check_with_onnx(proto)
-    return _build(proto.graph, name or proto.graph.name or "model")
+    return _build(proto.graph, opset_version(proto), name or proto.graph.name or "model")
 
 
 def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
@@ -131,15 +164,13 @@ def _list_names(names: list[str]) -> str:
 
 
 def check_structure(graph: onnx.GraphProto) -> None:
-    """Graph inputs and outputs have ranks, every tensor is defined once, before it is
-    read; errors name the node and tensor."""
+    """Graph inputs have ranks, every tensor is defined once, before it is read; errors
+    name the node and tensor. (A graph output's shape follows from its node's inputs.)"""
     constants = {t.name for t in graph.initializer}
-    for role, infos in (("input", graph.input), ("output", graph.output)):
-        for info in infos:
-            if (info.name not in constants and info.type.WhichOneof("value") == "tensor_type"
-                    and not info.type.tensor_type.HasField("shape")):
-                raise ModelError(f"graph {role} {info.name!r} has no shape (unknown rank); "
-                                 "ONNX requires the rank of graph inputs and outputs")
+    for info in graph.input:
+        if info.name not in constants and _lacks_shape(info):
+            raise ModelError(f"graph input {info.name!r} has no shape (unknown rank); "
+                             "treadle needs the rank of graph inputs")
     defined = constants | {t.name for t in graph.input}
     for index, node in enumerate(graph.node):
         where = f"node {node_name(node, index)!r} ({node.op_type})"
@@ -158,10 +189,24 @@ def check_structure(graph: onnx.GraphProto) -> None:
                              "or initializer")
 
 
+def _lacks_shape(info: onnx.ValueInfoProto) -> bool:
+    return (info.type.WhichOneof("value") == "tensor_type"
+            and not info.type.tensor_type.HasField("shape"))
+
+
 def _check_with_onnx(proto: onnx.ModelProto) -> None:
     # The checker serialises the model; beyond protobuf's 2 GiB limit it needs a file path.
     if proto.ByteSize() >= onnx.checker.MAXIMUM_PROTOBUF:
         return
+    shapeless = [k for k, info in enumerate(proto.graph.output) if _lacks_shape(info)]
+    if shapeless:
+        # The checker wants every graph output's shape, ONNX Runtime does not: check a
+        # copy without those outputs (check_structure found each of them defined).
+        copy = onnx.ModelProto()
+        copy.CopyFrom(proto)
+        for k in reversed(shapeless):
+            del copy.graph.output[k]
+        proto = copy
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as err:
@@ -171,7 +216,7 @@ def _check_with_onnx(proto: onnx.ModelProto) -> None:
 
 # ---- building ----------------------------------------------------------------------------
 
-def _build(graph: onnx.GraphProto, name: str) -> Graph:
+def _build(graph: onnx.GraphProto, opset: int, name: str) -> Graph:
     env: dict[str, Tensor] = {}
     if graph.sparse_initializer:
         raise UnsupportedOpError(f"sparse initializer {graph.sparse_initializer[0].values.name!r}"
@@ -185,18 +230,22 @@ def _build(graph: onnx.GraphProto, name: str) -> Graph:
             env[info.name] = _input_tensor(info, taken)
             inputs.append(env[info.name])
     for index, node in enumerate(graph.node):
-        for out_name, tensor in zip(node.output, _import_node(node, index, env)):
+        for out_name, tensor in zip(node.output, _import_node(node, index, env, opset)):
             if out_name:
                 env[out_name] = tensor
     return Graph.from_outputs(inputs, [env[o.name] for o in graph.output], name)
 
 
-def _import_node(node: onnx.NodeProto, index: int, env: dict[str, Tensor]) -> list[Tensor]:
+def _import_node(node: onnx.NodeProto, index: int, env: dict[str, Tensor],
+                 opset: int) -> list[Tensor]:
     name = node_name(node, index)
     if node.op_type == "Constant":
         return [_constant_node(node, name)]
     attrs = {a.name: _attribute(a, name, node.op_type) for a in node.attribute}
     inputs = [env[t] if t else None for t in node.input]
+    older = OLDER_FORMS.get(node.op_type)
+    if older is not None and opset < older.until:
+        return older.rewrite(node.op_type, inputs, attrs, name, list(node.output))
     return apply(node.op_type, inputs, attrs, name=name, output_names=list(node.output))
 
 

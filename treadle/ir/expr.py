@@ -9,6 +9,10 @@ surfaces where the expression is written, not in generated C.
 Integer ``//`` and ``%`` follow C: the quotient rounds toward zero and the remainder takes
 the dividend's sign. Index arithmetic is almost always non-negative, where this agrees
 with Python; choosing C's rule keeps generated code a direct transcription.
+
+Float ``min`` and ``max`` are numpy's ``minimum`` and ``maximum``: a NaN operand makes the
+result NaN, so every reduction, pooling and clamp built on them propagates NaN as numpy
+and ONNX Runtime's element-wise Max and Min do.
 """
 from __future__ import annotations
 

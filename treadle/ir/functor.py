@@ -84,11 +84,13 @@ def _div(a, b):
     return _c_div(a, b)
 
 
-# Python meaning of each binary op on scalars, with the IR's (C's) integer division.
+# Python meaning of each binary op on scalars, with the IR's (C's) integer division and
+# numpy's min and max, where a NaN operand wins (Python's keep `a` if `b` is NaN).
 SCALAR_BINARY = {
     "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
     "/": lambda a, b: a / b, "//": _div, "%": _c_mod,
-    "min": min, "max": max,
+    "min": lambda a, b: b if b < a or b != b else a,
+    "max": lambda a, b: b if b > a or b != b else a,
     "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
     ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
     "and": lambda a, b: a and b, "or": lambda a, b: a or b,

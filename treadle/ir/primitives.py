@@ -43,6 +43,15 @@ PRIMITIVES = {p.name: p for p in (
     Primitive("erf", 1, _erf),
     Primitive("sin", 1, np.sin),
     Primitive("cos", 1, np.cos),
+    Primitive("tan", 1, np.tan),
+    Primitive("asin", 1, np.arcsin),
+    Primitive("acos", 1, np.arccos),
+    Primitive("atan", 1, np.arctan),
+    Primitive("sinh", 1, np.sinh),
+    Primitive("cosh", 1, np.cosh),
+    Primitive("asinh", 1, np.arcsinh),
+    Primitive("acosh", 1, np.arccosh),
+    Primitive("atanh", 1, np.arctanh),
     Primitive("abs", 1, np.abs),
     Primitive("floor", 1, np.floor),
     Primitive("ceil", 1, np.ceil),
@@ -57,7 +66,8 @@ PRIMITIVES = {p.name: p for p in (
 )}
 
 FLOAT_ONLY = {"exp", "log", "sqrt", "tanh", "erf", "sin", "cos", "floor", "ceil", "round",
-              "pow", "fma"}
+              "pow", "fma", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+              "atanh"}
 
 
 def lookup(name: str) -> Primitive:

@@ -183,3 +183,21 @@ def test_incompatible_shapes_name_the_node():
 def test_float_only_op_rejects_integers():
     with pytest.raises(ShapeError, match="needs a float"):
         apply("Exp", [Tensor("a", "int32", [3])])
+
+
+def test_max_min_relu_and_clip_propagate_nan():
+    """A NaN on either side of Max and Min (variadic) wins, as in numpy and ONNX Runtime;
+    Relu and Clip of NaN are NaN. 61 elements: vector loop and scalar tail."""
+    pattern = [[np.nan, 1.0, np.nan, -np.inf, np.inf, 2.0, 0.5],
+               [1.0, np.nan, np.nan, np.nan, 2.0, -np.inf, -0.5],
+               [0.0, 0.0, 3.0, 1.0, np.nan, np.nan, 0.25]]
+    va, vb, vc = (np.resize(np.array(p, np.float32), 61) for p in pattern)
+    a, b, c = (Tensor(n, "float32", ["n"]) for n in "abc")
+    outs = [apply("Max", [a, b])[0], apply("Max", [b, a, c])[0], apply("Min", [a, b])[0],
+            apply("Min", [c, b, a])[0], apply("Relu", [a])[0],
+            apply("Clip", [b, constant(np.float32(-1)), constant(np.float32(1))])[0]]
+    got = run([a, b, c], outs, va, vb, vc)
+    refs = [np.maximum(va, vb), np.maximum(np.maximum(vb, va), vc), np.minimum(va, vb),
+            np.minimum(np.minimum(vc, vb), va), np.maximum(va, 0), np.clip(vb, -1, 1)]
+    for k, (actual, ref) in enumerate(zip(got, refs)):
+        np.testing.assert_array_equal(actual, ref, err_msg=f"output {k}")

@@ -364,3 +364,27 @@ def test_bad_input_names_the_node(op, inputs, attrs, outputs, error):
     names = [f"out{k}" for k in range(outputs)]
     with pytest.raises(error, match="bad_node"):
         apply(op, tensors, attrs, name="bad_node", output_names=names)
+
+
+def _max_pool_reference(x, kernel, stride, pad):
+    """numpy's max over each window of the input padded with -inf: NaN propagates."""
+    padded = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=-np.inf)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (kernel, kernel), axis=(2, 3))
+    return windows[:, :, ::stride, ::stride].max(axis=(-2, -1))
+
+
+@pytest.mark.parametrize("batch", [2, "n"])  # channels-last, and the NCHW window template
+def test_max_pools_propagate_nan(batch):
+    """A NaN in a window makes MaxPool's output NaN, and in a plane GlobalMaxPool's, with
+    NaN first, in the middle or last of a window and planes all NaN or holding +-inf.
+    (ONNX Runtime keeps or drops a NaN depending on where it stands.)"""
+    x = random_array((2, 3, 13, 11), seed=9, low=-3.0, high=3.0)
+    x[0, 0, 0, 0] = x[0, 1, 6, 5] = x[0, 2, 12, 10] = x[1, 0, 4, 9] = np.nan
+    x[1, 1] = np.nan
+    x[1, 2, 0, 0], x[1, 2, 7, 3], x[1, 2, 12, 10] = np.inf, np.nan, -np.inf
+    t = Tensor("x", "float32", [batch, 3, 13, 11])
+    outs = [apply("MaxPool", [t], {"kernel_shape": [3, 3], "strides": [s, s], "pads": [1] * 4})[0]
+            for s in (1, 2)] + [apply("GlobalMaxPool", [t])[0]]
+    refs = [_max_pool_reference(x, 3, s, 1) for s in (1, 2)] + [x.max(axis=(2, 3), keepdims=True)]
+    for k, (actual, ref) in enumerate(zip(run([(t, x)], outs), refs)):
+        np.testing.assert_array_equal(actual, ref, err_msg=f"output {k}")

@@ -188,3 +188,37 @@ def test_bad_axes_name_the_node(op, inputs, attrs, error):
     extra = [Tensor("axes", "int64", (1,))] if inputs else []
     with pytest.raises(error, match="bad_node"):
         apply(op, [x, *extra], attrs, name="bad_node")
+
+
+def _nan_rows(n, seed):
+    """Rows of length ``n`` with NaN first, in the middle and last, all NaN, NaN beside
+    +-inf, +-inf alone, and none: at prime lengths some land in the vector loop and some
+    in its scalar tail."""
+    x = random_array((7, n), seed=seed, low=-3.0, high=3.0)
+    x[0, 0] = x[1, n // 2] = x[2, -1] = np.nan
+    x[3] = np.nan
+    x[4, 0], x[4, n // 2], x[4, -1] = np.inf, np.nan, -np.inf
+    x[5, 0], x[5, -1] = -np.inf, np.inf
+    return x
+
+
+def test_max_min_and_arg_max_min_propagate_nan():
+    """A NaN anywhere makes ReduceMax/ReduceMin NaN and is where ArgMax/ArgMin point (the
+    first NaN, as numpy's argmax; the last with select_last_index), along the innermost
+    axis (vectorised) and an outer one, with the reduced length symbolic."""
+    t = Tensor("x", "float32", [7, "n"])
+    outs, refs = [], []
+    for op, fn in (("ReduceMax", np.max), ("ReduceMin", np.min)):
+        for axis in (1, 0):
+            outs.append(apply(op, [t], {"axes": [axis], "keepdims": 0})[0])
+            refs.append(lambda x, fn=fn, axis=axis: fn(x, axis=axis))
+    for op, largest in (("ArgMax", True), ("ArgMin", False)):
+        for last in (0, 1):
+            outs.append(apply(op, [t], {"axis": 1, "select_last_index": last})[0])
+            refs.append(lambda x, largest=largest, last=last:
+                        _arg_reference(x, 1, True, largest, last))
+    program = compile_graph(Graph.from_outputs([t], outs))
+    for n in (1, 7, 61, 2039):
+        x = _nan_rows(n, seed=n)
+        for k, (actual, ref) in enumerate(zip(program(x), refs)):
+            np.testing.assert_array_equal(actual, ref(x), err_msg=f"n={n} output {k}")

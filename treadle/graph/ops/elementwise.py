@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from treadle.graph.operator import OpContext, register
-from treadle.graph.ops.common import broadcast_load, broadcast_shape, onnx_dtype, same_dtype
+from treadle.graph.ops.common import (broadcast_load, broadcast_shape, normalize_axis,
+                                      onnx_dtype, same_dtype)
+from treadle.graph.tensor import normalize_dim
 from treadle.ir import dtypes
 from treadle.ir.compute import compute
-from treadle.ir.expr import (Const, Expr, as_expr, call, cast, eq, logical_and, maximum,
-                             minimum, ne, select)
+from treadle.ir.expr import (Buffer, Const, Expr, as_expr, call, cast, eq, logical_and,
+                             maximum, minimum, ne, select)
 
 
 def _c(value, like: Expr) -> Const:
@@ -41,6 +45,25 @@ def _gelu_erf(x):
 def _gelu_tanh(x):
     inner = _c(0.7978845608028654, x) * (x + _c(0.044715, x) * x * x * x)
     return _c(0.5, x) * x * (_c(1.0, x) + call("tanh", inner))
+
+
+def _is_inf(x, attrs):
+    found = Const(False, dtypes.boolean)
+    for key, infinity in (("detect_positive", float("inf")), ("detect_negative", float("-inf"))):
+        if attrs.get(key, 1):
+            found = found | eq(x, _c(infinity, x))
+    return found
+
+
+def _celu(x, alpha):
+    return maximum(_c(0.0, x), x) + minimum(_c(0.0, x), _c(alpha, x) * (
+        call("exp", x / _c(alpha, x)) - _c(1.0, x)))
+
+
+def _shrink(x, attrs):
+    bias, lambd = attrs.get("bias", 0.0), attrs.get("lambd", 0.5)
+    return select(x < _c(-lambd, x), x + _c(bias, x),
+                  select(x > _c(lambd, x), x - _c(bias, x), _c(0, x)))
 
 
 def _sign(x):
@@ -78,6 +101,15 @@ UNARY: dict[str, Callable] = {
     "ThresholdedRelu": _float_only(lambda x, a: select(x > _c(a.get("alpha", 1.0), x), x, _c(0.0, x))),
     "Mish": _float_only(lambda x, a: x * call("tanh", _softplus(x))),
     "Gelu": _float_only(lambda x, a: _gelu_tanh(x) if a.get("approximate", "none") == "tanh" else _gelu_erf(x)),
+    "Celu": _float_only(lambda x, a: _celu(x, a.get("alpha", 1.0))),
+    "Swish": _float_only(lambda x, a: x * _sigmoid(x * _c(a.get("alpha", 1.0), x))),
+    "Shrink": _shrink,
+    # NaN is the one value unequal to itself (kernels keep IEEE semantics, no fast-math).
+    "IsNaN": _float_only(lambda x, a: ne(x, x)),
+    "IsInf": _float_only(_is_inf),
+    "BitwiseNot": lambda x, a: ~x,
+    **{op: _float_only(lambda x, a, f=op.lower(): call(f, x))
+       for op in ("Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh")},
 }
 
 
@@ -90,10 +122,26 @@ def _mod(a, b, attrs):
         # C's remainder takes the dividend's sign, which is fmod's rule.
         return _fmod(a, b) if a.dtype.is_float else a % b
     if a.dtype.is_float:
-        return a - call("floor", a / b) * b
+        # Against an infinite divisor a finite dividend is its own remainder when the
+        # signs agree (or it is zero), else the remainder is the divisor (opset 28).
+        inf = float("inf")
+        infinite = eq(call("abs", b), _c(inf, b)) & (call("abs", a) < _c(inf, a))
+        same_sign = eq(a < _c(0, a), b < _c(0, b)) | eq(a, _c(0, a))
+        return select(infinite, select(same_sign, a, b), a - call("floor", a / b) * b)
     # Python-style modulo: a non-zero result takes the divisor's sign.
     r = a % b
     return select(logical_and(ne(r, _c(0, r)), ne(r < _c(0, r), b < _c(0, b))), r + b, r)
+
+
+def _bit_shift(a, b, left: bool):
+    # A negative amount, or one of the type's width or more (undefined in C), leaves only
+    # the sign fill: -1 for a right shift of a negative signed value, else 0.
+    beyond = (b < _c(0, b)) | (b >= _c(a.dtype.bits, b))
+    amount = select(beyond, _c(0, b), b)
+    if left:
+        return select(beyond, _c(0, a), a << amount)
+    fill = select(a < _c(0, a), _c(-1, a), _c(0, a)) if a.dtype.kind == "int" else _c(0, a)
+    return select(beyond, fill, a >> amount)
 
 
 def _fmod(a, b):
@@ -119,6 +167,7 @@ BINARY: dict[str, Callable] = {
     "BitwiseAnd": lambda a, b, t: a & b,
     "BitwiseOr": lambda a, b, t: a | b,
     "BitwiseXor": lambda a, b, t: a ^ b,
+    "BitShift": lambda a, b, t: _bit_shift(a, b, t["direction"] == "LEFT"),
     "PRelu": lambda a, b, t: select(a < _c(0, a), a * b, a),
 }
 
@@ -131,12 +180,23 @@ VARIADIC: dict[str, tuple[Callable, Callable]] = {
 }
 
 
+def _in_float32(fn: Callable, *values: Expr) -> Expr:
+    """``fn(*values)``, where bfloat16 values are worked on in float32 and the result is
+    rounded back once, as ONNX Runtime computes a bfloat16 node (C has no bfloat16
+    arithmetic; ``ir.passes.widen_bfloat16`` widens what other ops leave, per operation)."""
+    if all(v.dtype != dtypes.bfloat16 for v in values):
+        return fn(*values)
+    result = fn(*(cast(v, dtypes.float32) if v.dtype == dtypes.bfloat16 else v
+                  for v in values))
+    return cast(result, dtypes.bfloat16) if result.dtype == dtypes.float32 else result
+
+
 def _define_unary(op: str, fn: Callable):
     def define(ctx: OpContext):
         x = ctx.input(0)
         if getattr(fn, "float_only", False) and not x.dtype.is_float:
             raise ctx.error(f"needs a float input, got {x.dtype}")
-        return [compute("y", x.shape, lambda *i: fn(x[i], ctx.attrs))]
+        return [compute("y", x.shape, lambda *i: _in_float32(lambda v: fn(v, ctx.attrs), x[i]))]
     register(op)(define)
 
 
@@ -146,8 +206,9 @@ def _define_binary(op: str, fn: Callable):
         if op != "PRelu":
             same_dtype(ctx, a, b)
         shape = broadcast_shape(ctx, a.shape, b.shape)
-        return [compute("y", shape, lambda *i: fn(broadcast_load(a, i, shape),
-                                                  broadcast_load(b, i, shape), ctx.attrs))]
+        return [compute("y", shape, lambda *i: _in_float32(
+            lambda u, v: fn(u, v, ctx.attrs), broadcast_load(a, i, shape),
+            broadcast_load(b, i, shape)))]
     register(op)(define)
 
 
@@ -157,12 +218,13 @@ def _define_variadic(op: str, combine: Callable, finish: Callable):
         same_dtype(ctx, *xs)
         shape = broadcast_shape(ctx, *(x.shape for x in xs))
 
-        def element(*i):
-            value = broadcast_load(xs[0], i, shape)
-            for x in xs[1:]:
-                value = combine(value, broadcast_load(x, i, shape))
-            return finish(value, len(xs))
-        return [compute("y", shape, element)]
+        def fold(*values):
+            total = values[0]
+            for value in values[1:]:
+                total = combine(total, value)
+            return finish(total, len(values))
+        return [compute("y", shape, lambda *i: _in_float32(
+            fold, *(broadcast_load(x, i, shape) for x in xs)))]
     register(op)(define)
 
 
@@ -253,6 +315,70 @@ def clip(ctx: OpContext):
             value = minimum(value, high[(0,) * high.rank])
         return value
     return [compute("y", x.shape, element)]
+
+# ---- linear quantization ------------------------------------------------------------------
+# The integer types a QuantizeLinear may produce, with the range it saturates to.
+QUANTIZED = {t: (float(np.iinfo(t.numpy).min), float(np.iinfo(t.numpy).max))
+             for t in (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)}
+
+
+def _scale_index(ctx: OpContext, x: Buffer, scale: Buffer) -> Callable[[tuple], tuple]:
+    """Where element i of x finds its scale (and zero point): one for the whole tensor,
+    one per index along ``axis``, or with ``block_size`` one per block along it."""
+    block = int(ctx.attr("block_size", 0))
+    if scale.rank == 0:
+        return lambda i: ()
+    if scale.rank == 1 and normalize_dim(scale.shape[0]) == 1 and not block:
+        return lambda i: (as_expr(0),)
+    axis = normalize_axis(ctx, int(ctx.attr("axis", 1)), x.rank)
+    if not block:
+        if scale.rank != 1:
+            raise ctx.error(f"a per-axis scale must be 1-D, got rank {scale.rank}")
+        return lambda i: (i[axis],)
+    if scale.rank != x.rank:
+        raise ctx.error(f"a blocked scale must have x's rank {x.rank}, got {scale.rank}")
+    return lambda i: tuple(v // block if a == axis else v for a, v in enumerate(i))
+
+
+@register("QuantizeLinear")
+def quantize_linear(ctx: OpContext):
+    """saturate(round(x / scale) + zero point), rounding half to even (C's rint), in the
+    scale's precision unless ``precision`` names another."""
+    x, scale = ctx.input(0), ctx.input(1)
+    zero = ctx.input(2) if ctx.has_input(2) else None
+    out = zero.dtype if zero is not None else onnx_dtype(ctx, ctx.attr("output_dtype") or 2)
+    if out not in QUANTIZED:
+        raise ctx.unsupported(f"quantizing to {out}")
+    work = onnx_dtype(ctx, ctx.attr("precision")) if ctx.attr("precision") else scale.dtype
+    where, (low, high) = _scale_index(ctx, x, scale), QUANTIZED[out]
+
+    def element(*i):
+        q = call("round", cast(x[i], work) / cast(scale[where(i)], work))
+        # Saturate in float32 at least: a float16 cannot hold 65535.
+        q = cast(q, dtypes.promote(work, dtypes.float32))
+        if zero is not None:
+            q = q + cast(zero[where(i)], q.dtype)
+        return cast(minimum(maximum(q, Const(low, q.dtype)), Const(high, q.dtype)), out)
+    return [compute("y", x.shape, element)]
+
+
+@register("DequantizeLinear")
+def dequantize_linear(ctx: OpContext):
+    """(x - zero point) * scale, in the output type: the scale's unless ``output_dtype``."""
+    x, scale = ctx.input(0), ctx.input(1)
+    zero = ctx.input(2) if ctx.has_input(2) else None
+    if not x.dtype.is_integer:
+        raise ctx.unsupported(f"dequantizing {x.dtype}")
+    out = onnx_dtype(ctx, ctx.attr("output_dtype")) if ctx.attr("output_dtype") else scale.dtype
+    where = _scale_index(ctx, x, scale)
+
+    def element(*i):
+        value = cast(x[i], out)
+        if zero is not None:
+            value = value - cast(zero[where(i)], out)
+        return value * cast(scale[where(i)], out)
+    return [compute("y", x.shape, element)]
+
 
 # The ops whose every output element reads the inputs only at its own (broadcast) index:
 # they commute with a transposition of all their inputs (see passes.channels_last).

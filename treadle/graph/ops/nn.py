@@ -83,7 +83,12 @@ def _c(value, dtype: DataType) -> Const:
 
 def _softmax(ctx: OpContext, log: bool):
     x = _float_input(ctx)
-    axes = [normalize_axis(ctx, int(ctx.attr("axis", -1)), x.rank)]
+    return [softmax(x, [normalize_axis(ctx, int(ctx.attr("axis", -1)), x.rank)], log)]
+
+
+def softmax(x: Buffer, axes: list[int], log: bool) -> Compute:
+    """The (log-)softmax of ``x`` over ``axes``, shifted by the maximum so exp never
+    overflows."""
     work = accumulator(x.dtype)
     high = reduce_axes("max", x.shape, axes, True, lambda j: cast(x[j], work), "max")
 
@@ -91,20 +96,73 @@ def _softmax(ctx: OpContext, log: bool):
         return cast(x[i], work) - high[project(i, axes, True)]
     if log:
         total = reduce_axes("sum", x.shape, axes, True, lambda j: call("exp", shifted(j)), "sum")
-        return [compute("logsoftmax", x.shape,
-                        lambda *i: shifted(i) - call("log", total[project(i, axes, True)]),
-                        x.dtype)]
+        return compute("logsoftmax", x.shape,
+                       lambda *i: shifted(i) - call("log", total[project(i, axes, True)]),
+                       x.dtype)
     # The sum and the output both read each exponential: one tensor of them, which the
     # rule-based schedule materialises (see rules._shared_costly) rather than inlining it
     # into both, so exp runs once per element.
     exps = compute("exp", x.shape, lambda *i: call("exp", shifted(i)))
     total = reduce_axes("sum", x.shape, axes, True, lambda j: exps[j], "sum")
-    return [compute("softmax", x.shape,
-                    lambda *i: exps[i] / total[project(i, axes, True)], x.dtype)]
+    return compute("softmax", x.shape,
+                   lambda *i: exps[i] / total[project(i, axes, True)], x.dtype)
 
 
 register("Softmax")(lambda ctx: _softmax(ctx, log=False))
 register("LogSoftmax")(lambda ctx: _softmax(ctx, log=True))
+
+
+# ---- losses -------------------------------------------------------------------------------
+
+def _class_loss(ctx: OpContext, log_prob, target: Buffer, weight: Buffer | None) -> Compute:
+    """The negative log-likelihood of ``log_prob`` (N x C x d...) at the classes in
+    ``target`` (N x d...), times the class weights, then reduced as ``reduction`` says:
+    none, sum, or mean (divided by the sum of the weights taken). A target equal to
+    ``ignore_index`` counts as neither loss nor weight."""
+    if not target.dtype.is_integer:
+        raise ctx.error(f"the target must hold integers, got {target.dtype}", DTypeError)
+    dtype, classes = log_prob.dtype, log_prob.shape[1]
+    work, ignore = accumulator(dtype), ctx.attr("ignore_index")
+    reduction = ctx.attr("reduction", "mean")
+    if reduction not in ("none", "sum", "mean"):
+        raise ctx.error(f"reduction must be none, sum or mean, got {reduction!r}")
+
+    def clamped(i):  # an ignored target may lie outside the classes
+        return minimum(maximum(cast(target[i], dtypes.index_type), 0), classes - 1)
+
+    def weight_of(i):
+        w = _c(1.0, work) if weight is None else cast(weight[clamped(i)], work)
+        return w if ignore is None else select(eq(target[i], ignore), _c(0.0, work), w)
+
+    def loss(*i):
+        return -cast(log_prob[(i[0], clamped(i), *i[1:])], work) * weight_of(i)
+    shape = [log_prob.shape[0], *log_prob.shape[2:]]
+    if reduction == "none":
+        return compute("loss", shape, loss, dtype)
+    every = list(range(len(shape)))
+    total = reduce_axes("loss_sum", shape, every, False, lambda j: loss(*j), "sum")
+    if reduction == "sum":
+        return compute("loss", [], lambda: total[()], dtype)
+    weights = reduce_axes("weight_sum", shape, every, False, weight_of, "sum")
+    return compute("loss", [], lambda: total[()] / weights[()], dtype)
+
+
+@register("NegativeLogLikelihoodLoss")
+def negative_log_likelihood_loss(ctx: OpContext):
+    x = _float_input(ctx)
+    _rank_at_least(ctx, x, 2, "input 0 (N x C x d...)")
+    weight = _per_channel(ctx, 2, x.shape[1]) if ctx.has_input(2) else None
+    return [_class_loss(ctx, x, ctx.input(1), weight)]
+
+
+@register("SoftmaxCrossEntropyLoss")
+def softmax_cross_entropy_loss(ctx: OpContext):
+    """The NLL loss of the log-softmax over the classes (axis 1); output 1 is that."""
+    x = _float_input(ctx)
+    _rank_at_least(ctx, x, 2, "input 0 (N x C x d...)")
+    weight = _per_channel(ctx, 2, x.shape[1]) if ctx.has_input(2) else None
+    log_prob = softmax(x, [1], log=True)
+    return [_class_loss(ctx, log_prob, ctx.input(1), weight), log_prob]
 
 
 @register("Hardmax")
@@ -124,7 +182,11 @@ def lp_normalization(ctx: OpContext):
     if p not in (1, 2):
         raise ctx.error(f"p must be 1 or 2, got {p}")
     norm = reduce_tensor("ReduceL1" if p == 1 else "ReduceL2", x, axes, True)
-    return [compute("lpnorm", x.shape, lambda *i: x[i] / norm[project(i, axes, True)])]
+
+    def element(*i):  # a zero norm (all of the axis zero) gives zeros, not NaN
+        n = norm[project(i, axes, True)]
+        return select(eq(n, _c(0, n.dtype)), _c(0, x.dtype), x[i] / n)
+    return [compute("lpnorm", x.shape, element)]
 
 
 # ---- normalisations -----------------------------------------------------------------------
@@ -152,9 +214,7 @@ def layer_normalization(ctx: OpContext):
     bias = _broadcasts_to(ctx, 2, x.shape) if ctx.has_input(2) else None
     axis = normalize_axis(ctx, int(ctx.attr("axis", -1)), x.rank)
     axes = list(range(axis, x.rank))
-    work = onnx_dtype(ctx, int(ctx.attr("stash_type", 1)))
-    if not work.is_float:
-        raise ctx.error(f"stash_type must be a float type, got {work}")
+    work = _stash_type(ctx)
     mean, inv_std = _moments(x, axes, float(ctx.attr("epsilon", 1e-5)), work)
 
     def element(*i):
@@ -165,6 +225,36 @@ def layer_normalization(ctx: OpContext):
     # The optional outputs Mean and InvStdDev: stash type, reduced axes kept as 1.
     extras = [("mean", mean), ("inv_std_dev", inv_std)][:ctx.num_outputs - 1]
     return outputs + [compute(name, c.shape, lambda *i, c=c: c[i]) for name, c in extras]
+
+
+@register("RMSNormalization")
+def rms_normalization(ctx: OpContext):
+    """x / sqrt(mean(x²) + epsilon) over the axes from ``axis`` on, in the stash type,
+    rounded to x's type, times the scale (Llama's normalisation)."""
+    x = _float_input(ctx)
+    scale = _broadcasts_to(ctx, 1, x.shape)
+    axes = list(range(normalize_axis(ctx, int(ctx.attr("axis", -1)), x.rank), x.rank))
+    work = _stash_type(ctx)
+    n, epsilon = cast(count(x.shape, axes), work), float(ctx.attr("epsilon", 1e-5))
+
+    def square(j):
+        v = cast(x[j], work)
+        return v * v
+    squares = reduce_axes("squares", x.shape, axes, True, square, "sum")
+    inv_rms = compute("inv_rms", squares.shape, lambda *i: _c(1.0, work) / call(
+        "sqrt", squares[i] / n + _c(epsilon, work)))
+
+    def element(*i):
+        normalized = cast(cast(x[i], work) * inv_rms[project(i, axes, True)], x.dtype)
+        return cast(normalized, scale.dtype) * broadcast_load(scale, i, x.shape)
+    return [compute("rmsnorm", x.shape, element)]
+
+
+def _stash_type(ctx: OpContext) -> DataType:
+    work = onnx_dtype(ctx, int(ctx.attr("stash_type", 1)))
+    if not work.is_float:
+        raise ctx.error(f"stash_type must be a float type, got {work}")
+    return work
 
 
 @register("InstanceNormalization")

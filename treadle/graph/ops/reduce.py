@@ -21,7 +21,7 @@ from treadle.graph.tensor import normalize_dim
 from treadle.ir import dtypes
 from treadle.ir.compute import Compute, compute, reduce
 from treadle.ir.dtypes import DataType
-from treadle.ir.expr import Buffer, Const, Expr, as_expr, call, cast, eq, select
+from treadle.ir.expr import Buffer, Const, Expr, as_expr, call, cast, eq, ne, select
 
 
 def accumulator(dtype: DataType) -> DataType:
@@ -148,13 +148,20 @@ for _name in (*REDUCTIONS, "ReduceLogSumExp"):
 def arg_reduce(x: Buffer, axis: int, keepdims: bool, largest: bool, last: bool) -> Compute:
     """The int64 position of the largest (or smallest) element along ``axis``: the first
     or the ``last`` one where it occurs. Two reductions: the extreme value, then the
-    smallest (largest) position holding it; the fallback keeps a result in range."""
+    smallest (largest) position holding it; the fallback keeps a result in range.
+
+    A NaN counts as the extreme, as in numpy's argmax (ONNX Runtime's position of a NaN
+    depends on where it stands): the extreme is then NaN, which equals nothing, so the
+    positions holding it are those of the NaNs."""
     extreme = reduce_axes("extreme", x.shape, [axis], True, lambda j: x[j],
                           "max" if largest else "min")
     fallback = as_expr(0) if last else x.shape[axis] - 1
 
     def position(j):
-        return select(eq(x[j], extreme[project(j, [axis], True)]), j[axis], fallback)
+        holds = eq(x[j], extreme[project(j, [axis], True)])
+        if x.dtype.is_float:
+            holds = holds | ne(x[j], x[j])
+        return select(holds, j[axis], fallback)
     return reduce_axes("arg", x.shape, [axis], keepdims, position, "max" if last else "min")
 
 

@@ -278,10 +278,13 @@ def space_to_depth(ctx: OpContext):
     x, (n, c, h, w), b = _image(ctx)
     height = _divide(ctx, h, b, "height by blocksize")
     width = _divide(ctx, w, b, "width by blocksize")
+    mode = ctx.attr("mode", "DCR")  # an attribute from opset 28; DepthToSpace's inverse
+    if mode not in ("DCR", "CRD"):
+        raise ctx.error(f"unknown mode {mode!r}")
 
     def element(i, k, y, z):
-        block = k // c
-        return x[i, k % c, y * b + block // b, z * b + block % b]
+        block, channel = (k // c, k % c) if mode == "DCR" else (k % (b * b), k // (b * b))
+        return x[i, channel, y * b + block // b, z * b + block % b]
     return [compute("y", [n, simplify_dim(as_expr(c) * (b * b)), height, width], element)]
 
 

@@ -118,8 +118,8 @@ def _one_pass(pattern: WindowPattern) -> Stmt | None:
     each branch the whole window is unrolled in one pass along the row, each select
     resolved — a tap outside the input reads no input, its padding value stands in.
     Each element's taps are summed in registers, in the compute's order, and stored
-    through the epilogue. None where a check varies along the row, or there are too many
-    checks or window points."""
+    through the epilogue. None where a check varies along the row or holds a select, or
+    there are too many checks or window points."""
     red = pattern.reduction
     col, width = red.axes[-1], red.shape[-1]
     points = list(itertools.product(*(range(e.value) for e in red.reduce_extents)))
@@ -131,7 +131,10 @@ def _one_pass(pattern: WindowPattern) -> Stmt | None:
             for point in points]
     checks = list(dict.fromkeys(atom for tap in taps for n in walk(tap)
                                 if isinstance(n, Select) for atom in _conjuncts(n.cond)))
-    if len(checks) > MAX_CHECKS or any(col in free_vars(c) for c in checks):
+    # A check that holds a select itself (a scatter's wrapped index compared with the
+    # position) would be rewritten while resolving its own select: such taps stay rolled.
+    if (len(checks) > MAX_CHECKS or any(col in free_vars(c) for c in checks)
+            or any(isinstance(n, Select) for c in checks for n in walk(c))):
         return None
 
     def row_pass(holds: dict[Expr, bool]) -> Stmt:

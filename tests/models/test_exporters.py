@@ -1,0 +1,120 @@
+"""Architectures beyond the zoo, as users export them today: ``transformers`` models with
+their default attention (scaled dot-product, which exports a NaN guard), through both of
+torch's ONNX exporters, compared with ONNX Runtime.
+
+The TorchScript exporter writes opset 17 with symbolic batch and sequence axes; the dynamo
+exporter (torch's default) writes opset 20 with fixed shapes and its own op patterns
+(GatherND for position ids, Expand/Where masks). Each model is tiny (two layers, width 32)
+so that a test costs seconds.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+
+import treadle
+from tests.frontend.onnx_models import run_onnxruntime
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TOKENS = ["input_ids", "attention_mask"]
+
+
+def _bert():
+    return transformers.BertModel(transformers.BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64)), TOKENS
+
+
+def _gpt2():
+    return transformers.GPT2Model(transformers.GPT2Config(
+        vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64, use_cache=False)), TOKENS
+
+
+def _llama():
+    # Rotary embeddings, RMSNorm, grouped-query attention, SiLU-gated MLP.
+    return transformers.LlamaModel(transformers.LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        use_cache=False)), TOKENS
+
+
+def _t5():
+    # Relative position buckets computed from the sequence length.
+    return transformers.T5EncoderModel(transformers.T5Config(
+        vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)), TOKENS
+
+
+def _vit():
+    return transformers.ViTModel(transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        image_size=32, patch_size=8)), ["pixel_values"]
+
+
+def _swin():
+    # Shifted-window attention: window partitions as reshapes, rolls, masks.
+    return transformers.SwinModel(transformers.SwinConfig(
+        image_size=32, patch_size=4, embed_dim=16, depths=[2, 1], num_heads=[2, 4],
+        window_size=4)), ["pixel_values"]
+
+
+ARCHITECTURES = {"bert": _bert, "gpt2": _gpt2, "llama": _llama, "t5": _t5, "vit": _vit,
+                 "swin": _swin}
+
+
+class _Positional(torch.nn.Module):
+    """The model called with positional inputs, returning its first output."""
+
+    def __init__(self, model, names):
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, *inputs):
+        return self.model(**dict(zip(self.names, inputs)), return_dict=False)[0]
+
+
+def _inputs(names, batch: int, seq: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    if names == ["pixel_values"]:
+        return (torch.rand(batch, 3, 32, 32, generator=gen),)
+    ids = torch.randint(0, 100, (batch, seq), generator=gen)
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    mask[0, seq // 2:] = 0  # a padded sequence: the mask matters
+    return ids, mask
+
+
+def _export(name: str, dynamo: bool, path):
+    torch.manual_seed(0)
+    model, names = ARCHITECTURES[name]()
+    module = _Positional(model.eval(), names)
+    example = _inputs(names, 2, 9, seed=0)
+    axes = None if names == ["pixel_values"] else {n: {0: "batch", 1: "seq"} for n in names}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporters' deprecation chatter
+        if dynamo:
+            pytest.importorskip("onnxscript")
+            torch.onnx.export(module, example, str(path), dynamo=True, input_names=names,
+                              output_names=["out"])
+        else:
+            torch.onnx.export(module, example, str(path), dynamo=False, opset_version=17,
+                              input_names=names, output_names=["out"], dynamic_axes=axes)
+    return names
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_exported_architecture_matches_onnxruntime(tmp_path, name, dynamo):
+    path = tmp_path / f"{name}.onnx"
+    names = _export(name, dynamo, path)
+    compiled = treadle.compile(path)
+    sizes = [(2, 9)] if dynamo or names == ["pixel_values"] else [(2, 9), (1, 5), (3, 16)]
+    for batch, seq in sizes:
+        feeds = {n: t.numpy() for n, t in zip(names, _inputs(names, batch, seq, batch * seq))}
+        actual = compiled(**feeds)[0]
+        expected = run_onnxruntime(onnx.load(path), feeds)[0]
+        if not np.allclose(actual, expected, rtol=1e-4, atol=1e-4):
+            pytest.fail(f"{name}, batch {batch}, seq {seq}:\n{treadle.check(path, feeds)}")

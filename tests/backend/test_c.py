@@ -19,6 +19,7 @@ from treadle.ir.expr import (Binary, Unary, broadcast, call, cast, const, eq, lo
 from treadle.ir.functor import evaluate
 from treadle.ir.mapping import spatial
 from treadle.backend.build import build
+from treadle.runtime.interpret import interpret
 from treadle.runtime.module import load
 from treadle.target import cpu
 from treadle.target.cpu import host
@@ -273,6 +274,25 @@ def test_hostile_assert_message_is_escaped_and_reported():
     with pytest.raises(KernelError, match=re.escape(message)):
         _compile(fb.function).checked(np.zeros(2, np.float32))
 
+
+
+@pytest.mark.parametrize("kind", ["serial", "parallel"])
+def test_failed_assert_reports_its_value_in_c_and_the_interpreter(kind):
+    """The value an Assert carries (the offending element) replaces {value} in its message,
+    also from inside a parallel loop, whose failure cannot return directly."""
+    with FunctionBuilder(f"first_negative_{kind}") as fb:
+        n = fb.symbol("n")
+        A = fb.param("A", "int64", [n])
+        for i in fb.range(n, kind=kind):
+            fb.assert_(A[i] >= 0, "element {value} is negative", A[i] * 10)
+    good, bad = np.arange(5, dtype=np.int64), np.array([3, 1, -7, 2], np.int64)
+    kernel = getattr(_compile(fb.function), fb.function.name)
+    kernel(good)
+    interpret(fb.function, good)
+    with pytest.raises(KernelError, match="element -70 is negative"):
+        kernel(bad)
+    with pytest.raises(KernelError, match="element -70 is negative"):
+        interpret(fb.function, bad)
 
 # ---- expressions vs the IR's meaning ------------------------------------------------------
 

@@ -109,6 +109,12 @@ def messages_symbol(func: Function) -> str:
     return c_name(func) + "__messages"
 
 
+def fault_symbol(func: Function) -> str:
+    """The int64 where ``func`` leaves the value of its last failed ``Assert`` that has one
+    (shared by concurrent calls: under a race it holds some call's offending value)."""
+    return c_name(func) + "__fault"
+
+
 def generate(functions: Sequence[Function]) -> str:
     """One C source file defining every function of ``functions`` (already lowered)."""
     prelude = Prelude()
@@ -389,6 +395,9 @@ def _assert(p: _FunctionPrinter, s: Assert) -> None:
     p.messages.append(s.message)
     p.emit(f"if (!{p.wrap(s.cond, PRIMARY)}) {{")
     p.depth += 1
+    if s.value is not None:
+        p.reports_value = True
+        p.emit(f"{fault_symbol(p.func)} = (int64_t)({p.expr(s.value)[0]});")
     p.fail(str(len(p.messages)))
     p.depth -= 1
     p.emit("}")
@@ -602,6 +611,7 @@ class _FunctionPrinter:
         self.lines: list[str] = []
         self.depth = 1
         self.messages: list[str] = []
+        self.reports_value = False  # an Assert stores its value in fault_symbol
         self.special_loops: list[str] = []  # kinds of the enclosing parallel and simd loops
         self.nan_flags: dict[Buffer, str] = {}  # of the enclosing simd loop (_nan_flags)
         self.fail_label: str | None = None  # where a failure jumps inside such a loop
@@ -625,7 +635,8 @@ class _FunctionPrinter:
             head = f"int32_t {symbol}(\n    " + ",\n    ".join(params) + ") {"
         status = ["    int32_t treadle_status = 0;"] if self.used_labels else []
         table = ",\n".join([*(f"    {c_string(m)}" for m in self.messages), "    NULL"])
-        return "\n".join([*(f"{body}\n" for body in self.outlined), head, *status,
+        fault = [f"int64_t {fault_symbol(self.func)};\n"] if self.reports_value else []
+        return "\n".join([*fault, *(f"{body}\n" for body in self.outlined), head, *status,
                           *self.lines, "    return 0;", "}", "",
                           f"const char *{messages_symbol(self.func)}[] = {{", table, "};"])
 

@@ -60,6 +60,10 @@ class Group:
 # many times as its kernel has taps (canonicalize splits padding off convolutions).
 MATERIALISED = frozenset({"Pad"})
 
+# Operators whose kernel checks every element it copies: fused into another kernel, only
+# their definition (an identity) would remain.
+CHECKING = frozenset({"CheckIndices"})
+
 
 def is_view(op: Operator) -> bool:
     # A view whose symbolic sizes need a run-time check runs as a copying kernel, since
@@ -69,7 +73,7 @@ def is_view(op: Operator) -> bool:
 
 def is_injective(op: Operator) -> bool:
     """One output, computed element by element without reductions."""
-    if is_view(op) or len(op.definition) != 1:
+    if is_view(op) or len(op.definition) != 1 or op.op_type in CHECKING:
         return False
     return not any(c.is_reduction for c in reachable(op.definition).values())
 

@@ -132,8 +132,8 @@ class FunctionBuilder:
     def barrier(self) -> None:
         self.emit(Barrier())
 
-    def assert_(self, cond, message: str) -> None:
-        self.emit(Assert(as_expr(cond), message))
+    def assert_(self, cond, message: str, value=None) -> None:
+        self.emit(Assert(as_expr(cond), message, None if value is None else as_expr(value)))
 
     def evaluate(self, expr: Expr) -> None:
         self.emit(Evaluate(expr))

@@ -117,7 +117,8 @@ STMT_FORMAT = {
     DeclBuffer: lambda s, pad: [f"{pad}{s.buffer.scope} {s.buffer.name}: "
                                 f"{format_buffer_type(s.buffer)}"],
     Barrier: lambda s, pad: [f"{pad}barrier()"],
-    Assert: lambda s, pad: [f"{pad}assert {format_expr(s.cond)}, {s.message!r}"],
+    Assert: lambda s, pad: [f"{pad}assert {format_expr(s.cond)}, {s.message!r}"
+                            + ("" if s.value is None else f" % {format_expr(s.value)}")],
     Evaluate: lambda s, pad: [f"{pad}{format_expr(s.expr)}"],
 }
 

@@ -136,8 +136,16 @@ class Barrier(Stmt):
 
 @dataclass(frozen=True, eq=True, repr=False)
 class Assert(Stmt):
+    """Fails the kernel with ``message`` unless ``cond`` holds; a ``value`` (an integer
+    the kernel computes, such as an offending index) replaces ``{value}`` in the message."""
     cond: Expr
     message: str
+    value: Optional[Expr] = None
+
+
+def fault_message(message: str, value: Optional[int]) -> str:
+    """An ``Assert``'s message with the value the kernel reported in place of ``{value}``."""
+    return message if value is None else message.replace("{value}", str(value))
 
 
 @dataclass(frozen=True, eq=True, repr=False)

@@ -161,6 +161,8 @@ class _Verifier:
 
     def _assert(self, s: Assert, scope: _Scope, barrier_ok: bool) -> None:
         _check_expr(s.cond, scope, s)
+        if s.value is not None:
+            _check_expr(s.value, scope, s)
 
     def _evaluate(self, s: Evaluate, scope: _Scope, barrier_ok: bool) -> None:
         _check_expr(s.expr, scope, s)

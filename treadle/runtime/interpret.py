@@ -32,7 +32,7 @@ from treadle.ir.expr import (Binary, Broadcast, Buffer, Call, Cast, Const, Expr,
                              Unary, Var, as_expr)
 from treadle.ir.primitives import PRIMITIVES
 from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, Evaluate, For, ForTask,
-                             Function, If, Let, Seq, Stmt, Store)
+                             Function, If, Let, Seq, Stmt, Store, fault_message)
 from treadle.runtime.arguments import bind_arguments
 
 # Variables map to numpy scalars or lane arrays, buffers to numpy arrays.
@@ -189,7 +189,8 @@ def _barrier(stmt: Barrier, env: Env) -> None:
 
 def _assert(stmt: Assert, env: Env) -> None:
     if not _eval(stmt.cond, env):
-        raise KernelError(stmt.message)
+        value = None if stmt.value is None else int(_eval(stmt.value, env))
+        raise KernelError(fault_message(stmt.message, value))
 
 
 STMT_EXEC: dict[type, Callable[[Any, Env], None]] = {

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from treadle.backend.build import build
-from treadle.backend.c import c_name, generate, messages_symbol
+from treadle.backend.c import c_name, fault_symbol, generate, messages_symbol
 from treadle.backend.elf import open_library
 from treadle.config import config
 from treadle.dump import dump_text
@@ -24,7 +24,7 @@ from treadle.ir.dtypes import DataType
 from treadle.ir.expr import Buffer
 from treadle.ir.functor import walk
 from treadle.ir.lower import lower
-from treadle.ir.stmt import Function, Module, Store
+from treadle.ir.stmt import Function, Module, Store, fault_message
 from treadle.runtime.arguments import bind_arguments
 from treadle.runtime.pool import parallel_for_address
 
@@ -55,6 +55,7 @@ class CompiledFunction:
                                 else _scalar_ctype(func, p.name, p.dtype) for p in func.params]
         self._entry.restype = ctypes.c_int32
         self._messages = _read_messages(library, messages_symbol(func))
+        self._library = library
         stored = {s.buffer for s in walk(func.body) if isinstance(s, Store)}
         self._written = [b in stored for b in func.buffers]
 
@@ -75,6 +76,9 @@ class CompiledFunction:
         if status != 0:
             message = (self._messages[status - 1] if 0 < status <= len(self._messages)
                        else f"unexpected status {status}")
+            if "{value}" in message:
+                value = ctypes.c_int64.in_dll(self._library, fault_symbol(self.function))
+                message = fault_message(message, value.value)
             raise KernelError(f"kernel {self.function.name}: {message}")
 
     @property

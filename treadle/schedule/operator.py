@@ -9,6 +9,7 @@ from __future__ import annotations
 from treadle.graph.operator import Operator
 from treadle.schedule.rules import Kernel, schedule_computes
 from treadle.graph.tensor import normalize_dim
+from treadle.schedule.templates.index_check import schedule_index_check
 from treadle.schedule.templates.matmul_cpu import (GemmPattern, match_gemm_output,
                                                    schedule_gemm, with_constants)
 from treadle.schedule.templates.window_cpu import match_window, schedule_window
@@ -21,8 +22,9 @@ from treadle.tune.exhaustive import tune_gemm
 MIN_GEMM_COLUMNS = 8
 
 
-# Operators that exist as the input of one algorithm bring their template.
-OWN_TEMPLATES = {"WinogradConv": schedule_winograd}
+# Operators that exist as the input of one algorithm, or whose kernel does what a compute
+# definition cannot (fail per element), bring their template.
+OWN_TEMPLATES = {"WinogradConv": schedule_winograd, "CheckIndices": schedule_index_check}
 
 
 def schedule_operator(op: Operator, name: str, tune: int = 0) -> Kernel:

@@ -14,7 +14,8 @@ import pytest
 
 from tests.harness import assert_close, random_array
 from treadle.compiler import compile_graph
-from treadle.errors import KernelError, ShapeError, UnsupportedOpError
+import treadle
+from treadle.errors import KernelError, ModelError, ShapeError, UnsupportedOpError
 from treadle.graph.graph import Graph
 from treadle.graph.operator import apply
 from treadle.graph.tensor import Tensor, constant, symbol
@@ -413,3 +414,58 @@ def test_symbolic_mismatch_is_checked_at_run_time():
     assert out.shape == (2, 7)
     with pytest.raises(KernelError, match="join"):
         executable(random_array((2, 3)), random_array((5, 4)))
+
+
+# ---- indices out of range ---------------------------------------------------------------
+def _indexing_model(op: str, data: list, indices: list, attrs: dict, updates=None):
+    names = ["data", "indices"] + (["updates"] if updates else [])
+    inputs = [helper.make_tensor_value_info("data", onnx.TensorProto.FLOAT, data),
+              helper.make_tensor_value_info("indices", onnx.TensorProto.INT64, indices)]
+    if updates:
+        inputs.append(helper.make_tensor_value_info("updates", onnx.TensorProto.FLOAT, updates))
+    node = helper.make_node(op, names, ["y"], name="pick", **attrs)
+    graph = helper.make_graph([node], "m", inputs,
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("op, data, indices, attrs, good, bad, updates", [
+    ("Gather", [5, 3], ["n"], {"axis": 0}, [0, -5, 4, 2], ([1, 5], 5), None),
+    ("Gather", [5, 3], ["n"], {"axis": 0}, [], ([-6], -6), None),
+    ("Gather", ["r", 7], [2, "m"], {"axis": 1}, [[6, -7], [0, 3]], ([[0, 1], [7, 2]], 7), None),
+    ("Gather", [11], [], {"axis": 0}, 10, (11, 11), None),
+    ("GatherElements", [5, 3], [5, 2], {"axis": 1}, [[0, -3]] * 5,
+     ([[0, 2]] * 4 + [[3, 0]], 3), None),
+    ("GatherND", [5, 3], ["n", 2], {}, [[0, 2], [4, -3]], ([[0, 2], [4, 3]], 3), None),
+    ("GatherND", [2, 5, 3], [2, 1], {"batch_dims": 1}, [[4], [-5]], ([[1], [-6]], -6), None),
+    ("ScatterElements", [4, 3], [1, 3], {"axis": 0}, [[3, -4, 0]], ([[0, 4, 0]], 4), [1, 3]),
+    ("ScatterND", [4, 3], [2, 1], {}, [[3], [-4]], ([[2], [9]], 9), [2, 3]),
+])
+def test_indices_out_of_range_raise(op, data, indices, attrs, good, bad, updates):
+    """In-range indices (negative ones count from the end) match ONNX Runtime; one out of
+    range raises a KernelError naming the node and the index, as ONNX Runtime raises."""
+    model = _indexing_model(op, data, indices, attrs, updates)
+    compiled = treadle.compile(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sizes = {"r": 2, "m": 2}
+    shape = [sizes.get(d, d) for d in data]
+    feeds = {"data": random_array(tuple(shape))}
+    if updates:
+        feeds["updates"] = random_array(tuple(updates))
+    index = np.array(good, np.int64)
+    assert_close(compiled(**feeds, indices=index)[0],
+                 session.run(None, {**feeds, "indices": index})[0])
+    values, offending = bad
+    with pytest.raises(KernelError, match=rf"node 'pick' \({op}\): index {offending} is out"):
+        compiled(**feeds, indices=np.array(values, np.int64))
+
+
+def test_known_indices_out_of_range_fail_to_compile():
+    data = helper.make_tensor_value_info("data", onnx.TensorProto.FLOAT, [4, 3])
+    indices = numpy_helper.from_array(np.array([1, -5], np.int64), "indices")
+    node = helper.make_node("Gather", ["data", "indices"], ["y"], name="pick")
+    graph = helper.make_graph([node], "m", [data],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                              [indices])
+    with pytest.raises(ModelError, match=r"node 'pick' \(Gather\): index -5 is out of range"):
+        treadle.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))

@@ -533,6 +533,27 @@ def gather_nd(ctx: OpContext):
     return [compute("y", out, element)]
 
 
+@register("CheckIndices", internal=True)
+def check_indices(ctx: OpContext):
+    """Input 0 (indices) unchanged, once each element is known to lie in [-size, size) for
+    the axis of ``data`` (input 1, read for its shape) that it indexes: ``axes[0]`` for
+    every element, or with ``tuples`` set, ``axes[j]`` for position j of the last axis (the
+    index tuples of GatherND). The gathers clamp every index they read, which keeps memory
+    safe; this makes an index out of range an error naming ``node``, as in ONNX Runtime.
+    Its kernel is ``schedule.templates.index_check``."""
+    indices, shape = _integer_input(ctx, 0, "indices"), _dims(ctx, 0)
+    ctx.input(1)
+    return [compute("y", shape, lambda *i: indices[i])]
+
+
+def index_bounds(indices: Sequence[Dim], data: Sequence[Dim], attrs: dict) -> list[Dim]:
+    """The size of the data axis each position of CheckIndices' last axis indexes (one
+    size for all when ``tuples`` is unset)."""
+    if not attrs.get("tuples"):
+        return [data[attrs["axes"][0]]]
+    return [data[a] for a in attrs["axes"]]
+
+
 @register("OneHot")
 def one_hot(ctx: OpContext):
     indices, shape = ctx.input(0), _dims(ctx, 0)

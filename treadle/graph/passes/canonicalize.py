@@ -9,7 +9,9 @@
 * a dense (group 1) convolution with explicit padding reads a padded copy of its input
   (Pad, then Conv without pads): the copy costs one pass over the input, while checking
   bounds at every one of the kernel-size-many reads of each input element in the GEMM's
-  packing doubled the cost of ResNet's 3x3 convolutions.
+  packing doubled the cost of ResNet's 3x3 convolutions;
+* a gather or scatter reads indices computed at run time through ``CheckIndices``, which
+  fails on one out of range; known indices are checked here.
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ import numpy as np
 
 from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator, apply
-from treadle.graph.rewrite import consumers, rewrite_graph
+from treadle.errors import ModelError
+from treadle.graph.ops.transform import index_bounds
+from treadle.graph.rewrite import consumers, reapply, rewrite_graph
 from treadle.graph.tensor import Tensor, constant
 
 Rule = Callable[[Operator, list, dict], Optional[Sequence[Tensor]]]
@@ -122,6 +126,60 @@ def _conv_padding(node: Operator, inputs: list, readers) -> Optional[Sequence[Te
                   node.name)[0]]
 
 
+def _check_indices(node: Operator, inputs: list, readers) -> Optional[Sequence[Tensor]]:
+    data, indices = inputs[0], inputs[1]
+    if data is None or indices is None or not indices.dtype.is_integer:
+        return None  # the gather's definition reports it
+    if indices.producer is not None and indices.producer.op_type == "CheckIndices":
+        return None
+    attrs = _index_axes(node, data, indices)
+    if attrs is None:
+        return None
+    known = _known(indices)
+    if known is None:
+        checked = apply("CheckIndices", [indices, data], attrs, f"{node.name}/check_indices")[0]
+        return reapply(node, [data, checked, *inputs[2:]])
+    _check_known(node, known, data, attrs)
+    return None
+
+
+def _known(t: Tensor) -> Optional[np.ndarray]:
+    """The contents of ``t`` if they are known when compiling."""
+    if t.is_constant:
+        return t.data
+    if t.is_static and t.value is not None and all(isinstance(v, int) for v in t.value):
+        return np.array(t.value, np.int64).reshape(t.shape)
+    return None
+
+
+def _index_axes(node: Operator, data: Tensor, indices: Tensor) -> Optional[dict]:
+    """CheckIndices' attributes for a gather, or None if its attributes are malformed
+    (its definition reports them)."""
+    where = {"node": node.name, "op": node.op_type}
+    if node.op_type in ("GatherND", "ScatterND"):
+        depth, batch = indices.shape[-1] if indices.rank else None, node.attrs.get("batch_dims", 0)
+        if not isinstance(depth, int) or batch + depth > data.rank:
+            return None
+        return {**where, "axes": list(range(batch, batch + depth)), "tuples": 1}
+    axis = int(node.attrs.get("axis", 0))
+    if not -data.rank <= axis < data.rank:
+        return None
+    return {**where, "axes": [axis % data.rank]}
+
+
+def _check_known(node: Operator, known: np.ndarray, data: Tensor, attrs: dict) -> None:
+    sizes = index_bounds(known.shape, data.shape, attrs)
+    columns = known.reshape(-1, len(sizes)) if attrs.get("tuples") else known.reshape(-1, 1)
+    for j, size in enumerate(sizes):
+        if not isinstance(size, int):
+            continue
+        bad = columns[:, j][(columns[:, j] < -size) | (columns[:, j] >= size)]
+        if bad.size:
+            raise ModelError(f"node {node.name!r} ({node.op_type}): index {int(bad[0])} is "
+                             f"out of range for axis {attrs['axes'][j]} of its data, of size "
+                             f"{size}")
+
+
 RULES: dict[str, Rule] = {
     "Identity": _forward,
     "Dropout": _forward,
@@ -133,4 +191,9 @@ RULES: dict[str, Rule] = {
     "Gemm": _gemm,
     "BatchNormalization": _batch_norm,
     "Conv": _conv_padding,
+    "Gather": _check_indices,
+    "GatherElements": _check_indices,
+    "GatherND": _check_indices,
+    "ScatterElements": _check_indices,
+    "ScatterND": _check_indices,
 }

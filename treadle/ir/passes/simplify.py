@@ -99,7 +99,10 @@ def _if(s: If, env: Env) -> Stmt:
 
 def _assert(s: Assert, env: Env) -> Stmt:
     cond = simplify_expr(s.cond, env)
-    return EMPTY if cond == Const(True, cond.dtype) else Assert(cond, s.message)
+    if cond == Const(True, cond.dtype):
+        return EMPTY
+    value = None if s.value is None else simplify_expr(s.value, env)
+    return Assert(cond, s.message, value)
 
 
 STMT_RULES: dict[type, Callable[[Stmt, Env], Stmt]] = {

@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import numpy as np
 
 from treadle.compiler import compile_graph
-from treadle.errors import ModelError
+from treadle.errors import ModelError, NeedsValueError
 from treadle.graph.graph import Graph
 from treadle.graph.passes.infer_shapes import infer_shapes
 from treadle.runtime import pool
 from treadle.runtime.executor import Executable, Step
 from treadle.runtime.module import load as load_library
+from treadle.specialise import SpecialisingModel, value_inputs
 from treadle.target.cpu import host
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class CompiledModel:
 
 def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph, *,
             name: str | None = None, tune: int = 0,
-            shapes: Mapping[str, Sequence] | None = None) -> CompiledModel:
+            shapes: Mapping[str, Sequence] | None = None) -> CompiledModel | SpecialisingModel:
     """Compiles an ONNX model (a file path, its serialized bytes or an ``onnx.ModelProto``)
     or a treadle graph.
 
@@ -92,9 +93,26 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph, *,
     chosen: 0 an analytic default for this CPU, 1 the fastest of a small measured space,
     2 of the full space. Results are recorded under the cache directory, so compiling
     the same model again measures nothing. ``shapes`` fixes input shapes by name (for
-    example ``{"input_ids": [1, 128]}``), turning symbolic dimensions into numbers."""
+    example ``{"input_ids": [1, 128]}``), turning symbolic dimensions into numbers.
+
+    An ONNX model whose shapes depend on the contents of small inputs (a Reshape's target
+    shape given as a graph input) gives a ``SpecialisingModel``, compiled at the first call
+    with each distinct content (``treadle.specialise``)."""
     if tune not in (0, 1, 2):
         raise ValueError(f"tune={tune!r}: expected 0, 1 or 2")
+    try:
+        return _compile(model, name, tune, shapes)
+    except NeedsValueError as err:
+        from treadle.frontend.onnx import load_model
+        proto = None if isinstance(model, Graph) else load_model(model)
+        inputs = [] if proto is None else value_inputs(proto, err.tensor)
+        if not inputs:
+            raise
+        return SpecialisingModel(proto, inputs, lambda bound: _compile(bound, name, tune, shapes),
+                                 name or proto.graph.name or "model")
+
+
+def _compile(model, name: str | None, tune: int, shapes) -> CompiledModel:
     graph = _as_graph(model, name)
     if shapes:
         graph = infer_shapes(graph, shapes)

@@ -25,6 +25,7 @@ import numpy as np
 
 from treadle.checker import ATOL, RTOL, random_input
 from treadle.errors import TreadleError
+from treadle.specialise import SpecialisingModel
 
 EXIT_ERROR = 2
 EXIT_DIFFERS = 1  # `check` found an output that differs from the reference
@@ -79,8 +80,11 @@ def run_command(args) -> None:
     if args.repeat < 1:
         raise ValueError(f"--repeat {args.repeat}: expected a positive number")
     model = treadle.compile(args.model)
-    inputs = _inputs(model, _pairs(args.input, "--input"),
-                     {k: _size(k, v) for k, v in _pairs(args.dim, "--dim").items()})
+    files = _pairs(args.input, "--input")
+    if isinstance(model, SpecialisingModel):  # compiled for the contents given
+        given = {n: np.load(files.pop(n)) for n in model.value_inputs if n in files}
+        model = model.specialise(given)
+    inputs = _inputs(model, files, {k: _size(k, v) for k, v in _pairs(args.dim, "--dim").items()})
     outputs = model(**inputs)
     times = []
     for _ in range(args.repeat):

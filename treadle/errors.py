@@ -13,6 +13,18 @@ class UnsupportedOpError(TreadleError, NotImplementedError):
     """The model uses an operator (or an attribute of one) that treadle does not support."""
 
 
+class NeedsValueError(UnsupportedOpError):
+    """An input whose contents decide shapes (a Reshape's target, a reduction's axes, a
+    Pad's widths) is computed at run time; ``tensor`` names it."""
+
+    def __init__(self, message: str, tensor: str):
+        super().__init__(message)
+        self.tensor = tensor
+
+    def __reduce__(self):
+        return type(self), (str(self), self.tensor)
+
+
 class ShapeError(TreadleError, ValueError):
     """A tensor's shape does not fit what the program or graph expects."""
 

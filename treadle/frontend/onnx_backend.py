@@ -15,12 +15,14 @@ import onnx
 from onnx.backend.base import Backend, BackendRep, namedtupledict
 
 from treadle import api
-from treadle.ir import dtypes
+from treadle.specialise import SpecialisingModel
 
 
 class TreadleRep(BackendRep):
-    def __init__(self, model: api.CompiledModel):
+    def __init__(self, model: api.CompiledModel | SpecialisingModel, proto: onnx.ModelProto):
         self.model = model
+        self.bfloat16 = [o.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16
+                         for o in proto.graph.output]
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         if isinstance(inputs, dict):
@@ -29,9 +31,8 @@ class TreadleRep(BackendRep):
             if isinstance(inputs, np.ndarray):
                 inputs = [inputs]
             outputs = self.model(*(_to_treadle(v) for v in inputs))
-        ex = self.model.executable
-        outputs = [_from_treadle(value, ex.slots[slot].dtype)
-                   for value, slot in zip(outputs, ex.outputs)]
+        outputs = [_from_treadle(value) if bf16 else value
+                   for value, bf16 in zip(outputs, self.bfloat16)]
         return namedtupledict("Outputs", self.model.output_names)(*outputs)
 
 
@@ -40,7 +41,7 @@ class TreadleBackend(Backend):
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> TreadleRep:
         if not cls.supports_device(device):
             raise ValueError(f"treadle runs ONNX models on the CPU, not on {device!r}")
-        return TreadleRep(api.compile(model))
+        return TreadleRep(api.compile(model), model)
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
@@ -52,11 +53,9 @@ def _to_treadle(value) -> np.ndarray:
     return value.view(np.uint16) if value.dtype.name == "bfloat16" else value
 
 
-def _from_treadle(value: np.ndarray, dtype: dtypes.DataType) -> np.ndarray:
-    if dtype == dtypes.bfloat16:
-        import ml_dtypes
-        return value.view(ml_dtypes.bfloat16)
-    return value
+def _from_treadle(value: np.ndarray) -> np.ndarray:
+    import ml_dtypes
+    return value.view(ml_dtypes.bfloat16)
 
 
 prepare = TreadleBackend.prepare

@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from treadle.errors import ShapeError, TreadleError, UnsupportedOpError
+from treadle.errors import NeedsValueError, ShapeError, TreadleError, UnsupportedOpError
 from treadle.graph.tensor import Dim, Tensor, normalize_shape
 from treadle.ir.compute import Compute
 from treadle.ir.expr import Buffer, Expr
@@ -100,18 +100,24 @@ class OpContext:
         return self.attrs[key]
 
     def data(self, i: int) -> Optional[np.ndarray]:
-        """The constant contents of input i, if it is a constant."""
-        return self.tensors[i].data if self.has_input(i) else None
+        """The contents of input i, if it is a constant or computed from constants alone."""
+        from treadle.graph.passes.fold_constants import small_contents
+        return small_contents(self.tensors[i]) if self.has_input(i) else None
 
     def known(self, i: int, what: str = "this input") -> list[Dim]:
         """The contents of a small integer input known at compile time (maybe symbolic);
         an error naming the node when they are not."""
         tensor = self.tensors[i] if self.has_input(i) else None
+        if tensor is not None and tensor.value is None:
+            self.data(i)  # computed from constants, it is known all the same
         if tensor is None or tensor.value is None:
-            raise UnsupportedOpError(
-                f"{self.where}: {what} (input {i}) must be known when compiling, but it is "
-                "computed at run time")
+            raise self.needs_value(i, what)
         return list(tensor.value)
+
+    def needs_value(self, i: int, what: str) -> NeedsValueError:
+        """The error for input i, whose contents must be known when compiling but are not."""
+        return NeedsValueError(f"{self.where}: {what} (input {i}) must be known when "
+                               "compiling, but it is computed at run time", self.tensors[i].name)
 
     @property
     def where(self) -> str:

@@ -120,8 +120,12 @@ def _scalar(ctx: OpContext, i: int, what: str):
     if ctx.input(i).dtype.is_integer:
         return known_scalar(ctx, i, what)
     data = ctx.data(i)
-    if data is None or data.size != 1:
-        raise ctx.unsupported(f"{what} (input {i}) must be a constant scalar")
+    if data is None:
+        raise ctx.needs_value(i, what)
+    if data.size != 1:
+        raise ctx.error(f"{what} (input {i}) must be a scalar, got {data.size} values")
+    if ctx.input(i).dtype == dtypes.bfloat16:  # held as its bits, the top half of a float32
+        return (data.reshape(1).astype(np.uint32) << 16).view(np.float32)[0]
     return data.reshape(-1)[0]
 
 
@@ -134,7 +138,10 @@ def range_op(ctx: OpContext):
     if dtype.is_float:
         # As ONNX Runtime: the difference in the tensor's type, the quotient in double.
         count = max(math.ceil(float(limit - start) / float(delta)), 0)
-        return [compute("y", [count], lambda i: start.item() + cast(i, dtype) * delta.item())]
+        # bfloat16 arithmetic is float32's, rounded once.
+        work = dtypes.float32 if dtype == dtypes.bfloat16 else dtype
+        return [compute("y", [count], lambda i: cast(
+            Const(start.item(), work) + cast(i, work) * Const(delta.item(), work), dtype))]
     if isinstance(delta, Expr):
         raise ctx.unsupported(f"symbolic delta {delta}")
     step = abs(delta)

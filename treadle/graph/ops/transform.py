@@ -562,7 +562,7 @@ def one_hot(ctx: OpContext):
     elif ctx.data(1) is not None and ctx.data(1).size == 1:
         depth = int(ctx.data(1).reshape(-1)[0])
     else:
-        raise ctx.unsupported("depth (input 1) must be known when compiling")
+        raise ctx.needs_value(1, "depth")
     values = ctx.input(2)
     if tuple(_dims(ctx, 2)) != (2,):
         raise ctx.error(f"values must hold [off, on], got shape {_fmt(_dims(ctx, 2))}")
@@ -721,8 +721,11 @@ def resize(ctx: OpContext):
 
     def source(a: int, v: Expr) -> Expr:
         n_in, n_out = cast(as_expr(shape[a]), f32), cast(as_expr(out[a]), f32)
-        scale = n_out / n_in if scales[a] is None else Const(scales[a], f32)
-        return COORDINATES[transform](cast(v, f32), scale, n_in, n_out)
+        if scales[a] is None:
+            return COORDINATES[transform](cast(v, f32), n_out / n_in, n_in, n_out)
+        # Given scales, the transforms see the unrounded output length, as in ONNX.
+        scale = Const(scales[a], f32)
+        return COORDINATES[transform](cast(v, f32), scale, n_in, n_in * scale)
 
     def last(a: int) -> Expr:
         return as_expr(shape[a]) - 1
@@ -772,7 +775,7 @@ def _resize_sizes(ctx: OpContext, shape: list[Dim]) -> tuple[list[Dim], list[Opt
         return out, scales
     given = ctx.data(2) if ctx.has_input(2) else None
     if ctx.has_input(2) and given is None:
-        raise ctx.unsupported("scales (input 2) must be constant")
+        raise ctx.needs_value(2, "scales")
     if given is None or given.size == 0:
         raise ctx.error("needs scales or sizes")
     if given.size != len(axes):

@@ -15,7 +15,7 @@ import numpy as np
 from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator
 from treadle.graph.rewrite import reapply, rewrite_graph
-from treadle.graph.tensor import Tensor
+from treadle.graph.tensor import MAX_KNOWN, Tensor
 
 MAX_FOLD_BYTES = 256 << 20
 
@@ -35,6 +35,30 @@ def _fold(node: Operator, inputs: list[Optional[Tensor]]) -> Optional[Sequence[T
     else:
         return None
     return [Tensor(t.name, t.dtype, t.shape, data) for t, data in zip(outputs, arrays)]
+
+
+def small_contents(t: Tensor) -> Optional[np.ndarray]:
+    """The contents of a constant, or of a small static tensor computed from constants
+    alone, which value tracking does not follow through float arithmetic (a window's length
+    computed in float): an op definition may need them before any folding pass has run.
+    An integer tensor keeps them as its value."""
+    if t.is_constant:
+        return t.data
+    if t.value is not None and all(isinstance(v, int) for v in t.value):
+        return np.array(t.value, t.dtype.numpy).reshape(t.shape)
+    if not (t.is_static and int(np.prod(t.shape)) <= MAX_KNOWN and _from_constants(t)):
+        return None
+    data = _run([t])[0]
+    if t.dtype.is_integer or t.dtype.is_bool:
+        t.value = tuple(v.item() for v in data.reshape(-1))
+    return data
+
+
+def _from_constants(t: Tensor) -> bool:
+    if t.is_constant:
+        return True
+    return t.producer is not None and all(
+        _from_constants(x) for x in t.producer.inputs if x is not None)
 
 
 def _known_ints(t: Tensor) -> bool:

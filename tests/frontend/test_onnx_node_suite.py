@@ -67,6 +67,12 @@ CURATED = (
     "test_gather_0", "test_gather_1", "test_gather_2d_indices", "test_gather_negative_indices",
     "test_split_equal_parts_1d_opset13", "test_split_equal_parts_2d_opset13",
     "test_split_1d_uneven_split_opset18", "test_split_2d_uneven_split_opset18",
+    # inputs whose contents decide shapes (compiled per content), contents computed from
+    # constants in float arithmetic, half precision rounded per operation
+    "test_reduce_sum_keepdims_random", "test_reshape_reordered_all_dims", "test_constant_pad",
+    "test_unsqueeze_two_axes", "test_hannwindow_expanded",
+    "test_resize_downsample_scales_linear_align_corners",
+    "test_range_bfloat16_type_positive_delta", "test_attention_4d_causal_fp16_expanded",
 )
 
 

@@ -28,9 +28,10 @@ from treadle.errors import CompileError
 from treadle.target.cpu import host
 
 # Every flag generated code is compiled with; the ISA flags (-mavx2 -mfma) come from the
-# target. No -ffast-math: kernels keep IEEE semantics (NaN, inf, signed zeros).
+# target. No -ffast-math: kernels keep IEEE semantics (NaN, inf, signed zeros); standard
+# excess precision, so that a cast to _Float16 rounds (ir.passes.widen_half relies on it).
 BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno",
-              "-Werror=implicit-function-declaration")
+              "-fexcess-precision=standard", "-Werror=implicit-function-declaration")
 
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()

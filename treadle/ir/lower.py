@@ -1,8 +1,8 @@
 """The lowering pipeline from a hand-written or scheduled program to one ready for C.
 
 Order matters: task mappings become loops first, so that barrier splitting sees plain
-worker loops; simplification runs over the index arithmetic both passes introduce; bfloat16
-arithmetic is widened last, so that no simplification folds its rounding casts away.
+worker loops; simplification runs over the index arithmetic both passes introduce;
+half-precision arithmetic is widened last, so that no simplification folds its rounding casts away.
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from treadle.dump import dump_text
 from treadle.ir.passes.lower_mapping import lower_mapping
 from treadle.ir.passes.simplify import simplify
 from treadle.ir.passes.split_barriers import split_barriers
-from treadle.ir.passes.widen_bfloat16 import widen_bfloat16
+from treadle.ir.passes.widen_half import widen_half
 from treadle.ir.stmt import Function
 from treadle.ir.verify import verify
 
-PIPELINE = (lower_mapping, split_barriers, simplify, widen_bfloat16)
+PIPELINE = (lower_mapping, split_barriers, simplify, widen_half)
 
 
 def lower(func: Function) -> Function:

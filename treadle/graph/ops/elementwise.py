@@ -183,7 +183,7 @@ VARIADIC: dict[str, tuple[Callable, Callable]] = {
 def _in_float32(fn: Callable, *values: Expr) -> Expr:
     """``fn(*values)``, where bfloat16 values are worked on in float32 and the result is
     rounded back once, as ONNX Runtime computes a bfloat16 node (C has no bfloat16
-    arithmetic; ``ir.passes.widen_bfloat16`` widens what other ops leave, per operation)."""
+    arithmetic; ``ir.passes.widen_half`` widens what other ops leave, per operation)."""
     if all(v.dtype != dtypes.bfloat16 for v in values):
         return fn(*values)
     result = fn(*(cast(v, dtypes.float32) if v.dtype == dtypes.bfloat16 else v

@@ -17,7 +17,7 @@ passes make the twins.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from treadle.errors import DTypeError
 from treadle.graph.operator import OpContext, register
@@ -88,24 +88,26 @@ def _softmax(ctx: OpContext, log: bool):
 
 def softmax(x: Buffer, axes: list[int], log: bool) -> Compute:
     """The (log-)softmax of ``x`` over ``axes``, shifted by the maximum so exp never
-    overflows."""
-    work = accumulator(x.dtype)
-    high = reduce_axes("max", x.shape, axes, True, lambda j: cast(x[j], work), "max")
+    overflows. As ONNX defines it (a function of Exp, ReduceSum and Div), each step runs
+    in x's dtype; only the sum of half-precision values accumulates in float32."""
+    acc = accumulator(x.dtype)
+    high = reduce_axes("max", x.shape, axes, True, lambda j: x[j], "max")
 
     def shifted(i):
-        return cast(x[i], work) - high[project(i, axes, True)]
+        return x[i] - high[project(i, axes, True)]
+
+    def sum_of(term) -> Callable:
+        total = reduce_axes("sum", x.shape, axes, True, lambda j: cast(term(j), acc), "sum")
+        return lambda i: cast(total[project(i, axes, True)], x.dtype)
     if log:
-        total = reduce_axes("sum", x.shape, axes, True, lambda j: call("exp", shifted(j)), "sum")
-        return compute("logsoftmax", x.shape,
-                       lambda *i: shifted(i) - call("log", total[project(i, axes, True)]),
-                       x.dtype)
+        total = sum_of(lambda j: call("exp", shifted(j)))
+        return compute("logsoftmax", x.shape, lambda *i: shifted(i) - call("log", total(i)))
     # The sum and the output both read each exponential: one tensor of them, which the
     # rule-based schedule materialises (see rules._shared_costly) rather than inlining it
     # into both, so exp runs once per element.
     exps = compute("exp", x.shape, lambda *i: call("exp", shifted(i)))
-    total = reduce_axes("sum", x.shape, axes, True, lambda j: exps[j], "sum")
-    return compute("softmax", x.shape,
-                   lambda *i: exps[i] / total[project(i, axes, True)], x.dtype)
+    total = sum_of(lambda j: exps[j])
+    return compute("softmax", x.shape, lambda *i: exps[i] / total(i))
 
 
 register("Softmax")(lambda ctx: _softmax(ctx, log=False))

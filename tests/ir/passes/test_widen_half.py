@@ -1,9 +1,9 @@
-"""widen_bfloat16: bfloat16 arithmetic becomes float32 arithmetic, rounded back once."""
+"""widen_half: bfloat16 arithmetic becomes float32 arithmetic, rounded back once."""
 from tests.ir.ir_compare import assert_ir_equal
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.dtypes import bfloat16, float32
 from treadle.ir.expr import Binary, Var, cast, maximum
-from treadle.ir.passes.widen_bfloat16 import widen_bfloat16
+from treadle.ir.passes.widen_half import widen_half
 from treadle.ir.stmt import For, Seq, Store
 
 
@@ -21,7 +21,7 @@ def test_arithmetic_and_comparisons_run_in_float32():
     product = cast(Binary("*", *wide), bfloat16)
     larger = cast(maximum(cast(product, float32), wide[1]), bfloat16)
     expected = For(i, 4, Seq((Store(a, (i,), larger), Store(m, (i,), Binary("<", *wide)))))
-    assert_ir_equal(widen_bfloat16(fb.function).body, expected)
+    assert_ir_equal(widen_half(fb.function).body, expected)
 
 
 def test_float32_programs_are_left_alone():
@@ -29,4 +29,4 @@ def test_float32_programs_are_left_alone():
         a = fb.param("a", float32, [4])
         for i in fb.range(4, name="i"):
             a[i] = a[i] * 2.0
-    assert widen_bfloat16(fb.function) == fb.function
+    assert widen_half(fb.function) == fb.function

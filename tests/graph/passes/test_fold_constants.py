@@ -2,6 +2,7 @@
 import numpy as np
 
 from tests.harness import assert_close, random_array
+from treadle.compiler import compile_graph
 from treadle.graph.graph import Graph
 from treadle.graph.operator import apply
 from treadle.graph.passes.fold_constants import fold_constants
@@ -35,3 +36,17 @@ def test_values_depending_on_inputs_are_kept():
     y = apply("Add", [x, constant(np.ones(3, np.float32))])[0]
     out = fold_constants(Graph.from_outputs([x], [y]))
     assert [n.op_type for n in out.nodes] == ["Add"]
+
+
+def test_sizes_computed_from_constants_in_float_are_known_while_importing():
+    """A Reshape target computed from constants through float arithmetic (a window
+    length, say) is computed when the Reshape is defined, before any folding pass."""
+    length = apply("Cast", [constant(np.array(12.0, np.float32))], {"to": 7})[0]
+    half = apply("Div", [length, constant(np.array(2, np.int64))])[0]
+    target = apply("Concat", [apply("Unsqueeze", [half, constant(np.array([0]))])[0],
+                              constant(np.array([-1]))], {"axis": 0})[0]
+    x = Tensor("x", "float32", [12])
+    y = apply("Reshape", [x, target])[0]
+    assert y.shape == (6, 2)
+    a = random_array((12,))
+    assert_close(compile_graph(Graph.from_outputs([x], [y]))(a)[0], a.reshape(6, 2))

@@ -89,3 +89,18 @@ def test_command_exits_0_when_outputs_agree(tmp_path, capsys):
     path.write_bytes(chain_model().SerializeToString())
     assert main(["check", str(path), "--dim", "n=2", "--rtol", "1e-4"]) == 0
     assert "y [2, 7]: agrees" in capsys.readouterr().out
+
+
+def test_inputs_that_decide_shapes_are_bound_from_the_given_values():
+    from onnx import TensorProto, helper
+    from treadle.errors import ArgumentError
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")], "m",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6]),
+         helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    report = treadle.check(model, {"shape": np.array([3, -1], np.int64)})
+    assert report.agrees and report.outputs[0].name == "y"
+    with pytest.raises(ArgumentError, match=r"inputs \['shape'\] decide it"):
+        treadle.check(model)

@@ -29,3 +29,15 @@ def test_vector_times_matrix_of_symbolic_width():
     model = make_model(nodes, [tensor("a", [4]), tensor("b", [4, "n"])], [tensor("y", ["n"])])
     assert_matches_onnxruntime(model, {"a": random_array((4,)),
                                        "b": random_array((4, 5), seed=1)})
+
+
+def test_align_corners_downsampling_by_a_scale_that_does_not_divide():
+    """Width 5 at scale 0.5 is 2 wide: align_corners maps position 1 to 4, dividing by the
+    rounded length as ONNX Runtime and PyTorch do; dividing by the unrounded 2.5, as ONNX's
+    reference does, read position 2.67 (graph/ops/transform.py, resize)."""
+    scales = np.array([1, 1, 0.5, 0.5], np.float32)
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear",
+                              coordinate_transformation_mode="align_corners")]
+    model = make_model(nodes, [tensor("x", [1, 1, 2, 5])], [tensor("y", [1, 1, 1, 2])],
+                       initializers={"scales": scales})
+    assert_matches_onnxruntime(model, {"x": random_array((1, 1, 2, 5))})

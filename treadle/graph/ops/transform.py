@@ -721,11 +721,10 @@ def resize(ctx: OpContext):
 
     def source(a: int, v: Expr) -> Expr:
         n_in, n_out = cast(as_expr(shape[a]), f32), cast(as_expr(out[a]), f32)
-        if scales[a] is None:
-            return COORDINATES[transform](cast(v, f32), n_out / n_in, n_in, n_out)
-        # Given scales, the transforms see the unrounded output length, as in ONNX.
-        scale = Const(scales[a], f32)
-        return COORDINATES[transform](cast(v, f32), scale, n_in, n_in * scale)
+        # Given scales, align_corners divides by the rounded output length, as ONNX
+        # Runtime and PyTorch do (ONNX's reference takes the unrounded one).
+        scale = n_out / n_in if scales[a] is None else Const(scales[a], f32)
+        return COORDINATES[transform](cast(v, f32), scale, n_in, n_out)
 
     def last(a: int) -> Expr:
         return as_expr(shape[a]) - 1

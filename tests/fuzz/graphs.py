@@ -310,7 +310,9 @@ def matmul(b: Builder) -> bool:
     shape = np.matmul(np.zeros(a.shape, np.float32), np.zeros(rhs.shape, np.float32)).shape
     if mag > MAX_MAG or math.prod(shape) > 4096:
         return False
-    b.node("MatMul", [a, rhs], [shape], mag=mag, terms=max(a.terms, rhs.terms) + k)
+    # A fresh input may hold NaN or inf: the product's columns then do too.
+    b.node("MatMul", [a, rhs], [shape], mag=mag, special=rhs.special,
+           terms=max(a.terms, rhs.terms) + k)
     return True
 
 

@@ -554,6 +554,12 @@ def index_bounds(indices: Sequence[Dim], data: Sequence[Dim], attrs: dict) -> li
     return [data[a] for a in attrs["axes"]]
 
 
+def out_of_range(attrs: dict, value, j: int, size: Dim) -> str:
+    """The error for CheckIndices' index ``value`` at tuple position ``j``."""
+    return (f"node {attrs['node']!r} ({attrs['op']}): index {value} is out of range for axis "
+            f"{attrs['axes'][j]} of its data, of size {size}")
+
+
 @register("OneHot")
 def one_hot(ctx: OpContext):
     indices, shape = ctx.input(0), _dims(ctx, 0)

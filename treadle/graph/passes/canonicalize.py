@@ -22,7 +22,8 @@ import numpy as np
 from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator, apply
 from treadle.errors import ModelError
-from treadle.graph.ops.transform import index_bounds
+from treadle.graph.ops.transform import index_bounds, out_of_range
+from treadle.graph.passes.fold_constants import small_contents
 from treadle.graph.rewrite import consumers, reapply, rewrite_graph
 from treadle.graph.tensor import Tensor, constant
 
@@ -135,20 +136,11 @@ def _check_indices(node: Operator, inputs: list, readers) -> Optional[Sequence[T
     attrs = _index_axes(node, data, indices)
     if attrs is None:
         return None
-    known = _known(indices)
+    known = small_contents(indices)
     if known is None:
         checked = apply("CheckIndices", [indices, data], attrs, f"{node.name}/check_indices")[0]
         return reapply(node, [data, checked, *inputs[2:]])
-    _check_known(node, known, data, attrs)
-    return None
-
-
-def _known(t: Tensor) -> Optional[np.ndarray]:
-    """The contents of ``t`` if they are known when compiling."""
-    if t.is_constant:
-        return t.data
-    if t.is_static and t.value is not None and all(isinstance(v, int) for v in t.value):
-        return np.array(t.value, np.int64).reshape(t.shape)
+    _check_known(known, data, attrs)
     return None
 
 
@@ -157,7 +149,8 @@ def _index_axes(node: Operator, data: Tensor, indices: Tensor) -> Optional[dict]
     (its definition reports them)."""
     where = {"node": node.name, "op": node.op_type}
     if node.op_type in ("GatherND", "ScatterND"):
-        depth, batch = indices.shape[-1] if indices.rank else None, node.attrs.get("batch_dims", 0)
+        depth = indices.shape[-1] if indices.rank else None
+        batch = node.attrs.get("batch_dims", 0)
         if not isinstance(depth, int) or batch + depth > data.rank:
             return None
         return {**where, "axes": list(range(batch, batch + depth)), "tuples": 1}
@@ -167,7 +160,7 @@ def _index_axes(node: Operator, data: Tensor, indices: Tensor) -> Optional[dict]
     return {**where, "axes": [axis % data.rank]}
 
 
-def _check_known(node: Operator, known: np.ndarray, data: Tensor, attrs: dict) -> None:
+def _check_known(known: np.ndarray, data: Tensor, attrs: dict) -> None:
     sizes = index_bounds(known.shape, data.shape, attrs)
     columns = known.reshape(-1, len(sizes)) if attrs.get("tuples") else known.reshape(-1, 1)
     for j, size in enumerate(sizes):
@@ -175,9 +168,7 @@ def _check_known(node: Operator, known: np.ndarray, data: Tensor, attrs: dict) -
             continue
         bad = columns[:, j][(columns[:, j] < -size) | (columns[:, j] >= size)]
         if bad.size:
-            raise ModelError(f"node {node.name!r} ({node.op_type}): index {int(bad[0])} is "
-                             f"out of range for axis {attrs['axes'][j]} of its data, of size "
-                             f"{size}")
+            raise ModelError(out_of_range(attrs, int(bad[0]), j, size))
 
 
 RULES: dict[str, Rule] = {

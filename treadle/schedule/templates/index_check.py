@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from treadle.graph.operator import Operator
-from treadle.graph.ops.transform import index_bounds
+from treadle.graph.ops.transform import index_bounds, out_of_range
 from treadle.ir import dtypes
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.expr import as_expr, cast, logical_and
@@ -23,8 +23,6 @@ def schedule_index_check(op: Operator, name: str) -> Kernel:
     x, data = op.input_buffers[0], op.input_buffers[1]
     y = op.definition[0].buffer
     sizes = index_bounds(x.shape, data.shape, op.attrs)
-    node = f"node {op.attrs['node']!r} ({op.attrs['op']})"
-    axes = op.attrs["axes"]
     tuples = bool(op.attrs.get("tuples"))
     with FunctionBuilder(name) as fb:
         fb.add_param(x)
@@ -36,8 +34,7 @@ def schedule_index_check(op: Operator, name: str) -> Kernel:
                 value = cast(x[at], dtypes.index_type)
                 size = as_expr(size)
                 fb.assert_(logical_and(value >= -size, value < size),
-                           f"{node}: index {{value}} is out of range for axis {axes[j]} of "
-                           f"its data, of size {size}", value)
+                           out_of_range(op.attrs, "{value}", j, size), value)
                 fb.store(y, at, x[at])
         _nest(fb, x.shape[:-1] if tuples else x.shape, (), check)
         for symbol in sorted({v for d in (*x.shape, *sizes) for v in free_vars(as_expr(d))},

@@ -51,6 +51,19 @@ def test_run_with_an_input_file_needs_no_dim(affine, tmp_path, capsys):
     assert f"min {1 / (1 + np.exp(2.0)):.6g}" in out
 
 
+
+def test_run_compiles_for_the_contents_of_a_shape_input(tmp_path, capsys):
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")]
+    path = tmp_path / "reshape.onnx"
+    onnx.save(make_model(nodes, [tensor("x", [6]), tensor("shape", [2], onnx.TensorProto.INT64)],
+                         [tensor("y", [None, None])]), path)
+    np.save(tmp_path / "shape.npy", np.array([3, 2], np.int64))
+    assert main(["run", str(path), "--input", f"shape={tmp_path / 'shape.npy'}",
+                 "--repeat", "1"]) == 0
+    assert "y: float32[3, 2]" in capsys.readouterr().out
+    assert main(["run", str(path)]) == 2
+    assert "'shape' is missing" in capsys.readouterr().err
+
 def test_show_summarises_the_model(affine, capsys):
     assert main(["show", str(affine)]) == 0
     out = capsys.readouterr().out

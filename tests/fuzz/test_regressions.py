@@ -41,3 +41,16 @@ def test_align_corners_downsampling_by_a_scale_that_does_not_divide():
     model = make_model(nodes, [tensor("x", [1, 1, 2, 5])], [tensor("y", [1, 1, 1, 2])],
                        initializers={"scales": scales})
     assert_matches_onnxruntime(model, {"x": random_array((1, 1, 2, 5))})
+
+
+def test_nearest_resize_to_a_size_keeps_ties_exact():
+    """7 -> 8 wide, asymmetric: position 4 maps to 3.5 exactly, which round_prefer_ceil
+    takes to 4; dividing by the float32 scale 8/7 gave 3.4999998 and picked 3
+    (graph/ops/transform.py, resize)."""
+    sizes = np.array([2, 1, 1, 8], np.int64)
+    nodes = [helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest",
+                              coordinate_transformation_mode="asymmetric",
+                              nearest_mode="round_prefer_ceil")]
+    model = make_model(nodes, [tensor("x", [2, 1, 1, 7])], [tensor("y", [2, 1, 1, 8])],
+                       initializers={"sizes": sizes})
+    assert_matches_onnxruntime(model, {"x": random_array((2, 1, 1, 7))})

@@ -727,6 +727,10 @@ def resize(ctx: OpContext):
 
     def source(a: int, v: Expr) -> Expr:
         n_in, n_out = cast(as_expr(shape[a]), f32), cast(as_expr(out[a]), f32)
+        if scales[a] is None and transform == "asymmetric":
+            # i * n_in / n_out rounds once, so a tie (7 -> 8 wide: 3.5 at 4) stays a tie
+            # for round_prefer_ceil, as in ONNX Runtime; i / (n_out / n_in) gave 3.4999998.
+            return cast(v * as_expr(shape[a]), f32) / n_out
         # Given scales, align_corners divides by the rounded output length, as ONNX
         # Runtime and PyTorch do (ONNX's reference takes the unrounded one).
         scale = n_out / n_in if scales[a] is None else Const(scales[a], f32)

@@ -192,6 +192,24 @@ def test_tensors_defined_twice_and_missing_outputs_are_malformed():
         from_onnx(make_model(twice[:1], [tensor("x", [3])], [tensor("z", [3])]))
 
 
+
+def test_large_weights_are_checked_by_treadle_not_serialised_for_the_checker():
+    """ONNX's checker sees a large initializer as a graph input of its type (it serialises
+    what it checks); its data is read, and found short, by treadle."""
+    weight = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    model = make_model(nodes, [tensor("x", [2, 64])], [tensor("y", [2, 64])])
+    model.graph.initializer.append(weight)
+    x = np.ones((2, 64), np.float32)
+    np.testing.assert_allclose(treadle.compile(model)(x)[0], x @ np.ones((64, 64)))
+    model.graph.node[0].attribute.append(helper.make_attribute("alpha", 0.5))
+    with pytest.raises(ModelError, match="not valid ONNX"):
+        from_onnx(model)
+    del model.graph.node[0].attribute[:]
+    model.graph.initializer[0].raw_data = weight.raw_data[:100]
+    with pytest.raises(ModelError, match="tensor 'w' cannot be read"):
+        from_onnx(model)
+
 def test_checker_failures_and_unreadable_files_are_model_errors(tmp_path):
     model = relu_model()
     model.graph.node[0].attribute.append(helper.make_attribute("alpha", 0.5))

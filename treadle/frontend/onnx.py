@@ -19,6 +19,7 @@ dtypes need none either: an unsupported dtype is refused where it is read.
 """
 from __future__ import annotations
 
+import math
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -26,8 +27,8 @@ from typing import Callable, Optional
 
 import numpy as np
 import onnx
-from google.protobuf.message import DecodeError
-from onnx import AttributeProto, numpy_helper
+from google.protobuf.message import DecodeError, Message
+from onnx import AttributeProto, helper, numpy_helper
 
 from treadle.errors import ModelError, UnsupportedOpError
 from treadle.graph.graph import Graph
@@ -43,6 +44,7 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 # Op types the importer handles itself rather than through the registry.
 IMPORTED_DIRECTLY = {"Constant"}
 NAMES_SHOWN = 5  # node names listed per unsupported op type
+CHECKED_ELEMENTS = 1024  # larger initializers reach ONNX's checker without their data
 
 # How each attribute type decodes to a Python value; other types are unsupported.
 ATTRIBUTE_DECODERS = {
@@ -195,23 +197,47 @@ def _lacks_shape(info: onnx.ValueInfoProto) -> bool:
 
 
 def _check_with_onnx(proto: onnx.ModelProto) -> None:
-    # The checker serialises the model; beyond protobuf's 2 GiB limit it needs a file path.
-    if proto.ByteSize() >= onnx.checker.MAXIMUM_PROTOBUF:
-        return
-    shapeless = [k for k, info in enumerate(proto.graph.output) if _lacks_shape(info)]
-    if shapeless:
-        # The checker wants every graph output's shape, ONNX Runtime does not: check a
-        # copy without those outputs (check_structure found each of them defined).
-        copy = onnx.ModelProto()
-        copy.CopyFrom(proto)
-        for k in reversed(shapeless):
-            del copy.graph.output[k]
-        proto = copy
+    light = _without_weights(proto)
+    # The checker wants every graph output's shape, ONNX Runtime does not: it checks the
+    # copy without those outputs (check_structure found each of them defined).
+    for k in reversed(range(len(light.graph.output))):
+        if _lacks_shape(light.graph.output[k]):
+            del light.graph.output[k]
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(light)
     except onnx.checker.ValidationError as err:
         message = " ".join(str(err).split())
         raise ModelError(f"the model is not valid ONNX: {message}") from None
+
+
+def _without_weights(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy in which initializers of more than ``CHECKED_ELEMENTS`` elements are graph
+    inputs of their dtype and shape. The checker serialises the model it checks: BERT's
+    weights took 3.5 s, and past protobuf's 2 GiB it cannot at all; treadle reads their
+    data itself (``_constant``)."""
+    light = onnx.ModelProto()
+    _copy_fields(proto, light, skip="graph")
+    _copy_fields(proto.graph, light.graph, skip="initializer")
+    inputs = {info.name for info in proto.graph.input}
+    for init in proto.graph.initializer:
+        if math.prod(init.dims) <= CHECKED_ELEMENTS:
+            light.graph.initializer.append(init)
+        elif init.name not in inputs:
+            light.graph.input.append(helper.make_tensor_value_info(init.name, init.data_type,
+                                                                   list(init.dims)))
+    return light
+
+
+def _copy_fields(source, target, skip: str) -> None:
+    for field, value in source.ListFields():
+        if field.name == skip:
+            continue
+        if hasattr(value, "extend"):  # a repeated field
+            getattr(target, field.name).extend(value)
+        elif isinstance(value, Message):
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
 
 
 # ---- building ----------------------------------------------------------------------------

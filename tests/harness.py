@@ -42,3 +42,15 @@ def assert_close(actual, expected, *, reduction: int = 1, context: str = "") -> 
     scale = max(1.0, float(np.sqrt(reduction)))
     np.testing.assert_allclose(actual, expected, rtol=rtol * scale, atol=atol * scale,
                                err_msg=f"values differ{where}")
+
+
+def run_onnxruntime(model, feeds: dict) -> list[np.ndarray]:
+    """``model`` (an onnx.ModelProto) run by ONNX Runtime on ``feeds``, on one thread and
+    without its warnings (ceil-mode pool shapes differ from ONNX's own inference)."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)

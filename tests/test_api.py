@@ -16,8 +16,8 @@ import onnx
 import pytest
 
 import treadle
-from tests.frontend.onnx_models import affine_model, run_onnxruntime
-from tests.harness import assert_close, random_array
+from tests.frontend.onnx_models import affine_model
+from tests.harness import assert_close, random_array, run_onnxruntime
 from treadle.config import override
 from treadle.errors import ArgumentError, CompileError, ModelError, ShapeError
 from treadle.graph.graph import Graph

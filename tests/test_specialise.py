@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import treadle
-from tests.harness import assert_close, random_array
+from tests.harness import assert_close, random_array, run_onnxruntime
 from treadle.errors import ArgumentError, DTypeError, ModelError, UnsupportedOpError
 from treadle.specialise import SpecialisingModel
 
@@ -20,11 +20,6 @@ def _model(nodes, inputs, outputs=("y",)):
         nodes, "m", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-
-
-def _reference(model, feeds):
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
 RESHAPE_THEN_SUM = _model(
@@ -43,7 +38,7 @@ def test_each_content_compiles_once_and_matches_onnx_runtime():
     for n, shape, axes in cases:
         feeds = {"x": random_array((n, 6)), "shape": np.array(shape, np.int64),
                  "axes": np.array(axes, np.int64)}
-        assert_close(model(**feeds)[0], _reference(RESHAPE_THEN_SUM, feeds)[0])
+        assert_close(model(**feeds)[0], run_onnxruntime(RESHAPE_THEN_SUM, feeds)[0])
     # Found one at a time (the axes only once the shape is known); the repeat is cached.
     assert model.value_inputs == ["shape", "axes"]
     assert model.specialisations == 4

@@ -39,10 +39,3 @@ def affine_model() -> onnx.ModelProto:
                       {"b": bias})
 
 
-def run_onnxruntime(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)

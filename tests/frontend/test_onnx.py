@@ -8,8 +8,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import treadle
-from tests.frontend.onnx_models import affine_model, make_model, run_onnxruntime, tensor
-from tests.harness import SIZES, assert_close, random_array
+from tests.frontend.onnx_models import affine_model, make_model, tensor
+from tests.harness import SIZES, assert_close, random_array, run_onnxruntime
 from treadle.errors import ModelError, ShapeError, UnsupportedOpError
 from treadle.frontend.onnx import from_onnx
 from treadle.graph.tensor import symbol

@@ -14,8 +14,7 @@ import numpy as np
 import onnx
 
 import treadle
-from tests.frontend.onnx_models import run_onnxruntime
-from tests.harness import TOLERANCE
+from tests.harness import TOLERANCE, run_onnxruntime
 
 NUDGE = 2.0 ** -20  # relative size of the input perturbations, 8 float32 ulp
 NUDGES = 2

@@ -26,7 +26,7 @@ import onnx
 import pytest
 from hypothesis import HealthCheck, assume, event, given, note, settings
 
-from tests.frontend.onnx_models import run_onnxruntime
+from tests.harness import run_onnxruntime
 from tests.fuzz.compare import assert_matches_onnxruntime
 from tests.fuzz.graphs import Case, cases
 

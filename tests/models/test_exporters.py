@@ -16,7 +16,7 @@ import onnx
 import pytest
 
 import treadle
-from tests.frontend.onnx_models import run_onnxruntime
+from tests.harness import run_onnxruntime
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

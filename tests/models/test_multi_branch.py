@@ -15,8 +15,8 @@ import pytest
 from onnx import helper
 
 import treadle
-from tests.frontend.onnx_models import make_model, run_onnxruntime, tensor
-from tests.harness import rng
+from tests.frontend.onnx_models import make_model, tensor
+from tests.harness import rng, run_onnxruntime
 
 
 class _Stage:

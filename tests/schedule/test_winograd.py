@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from tests.frontend.onnx_models import make_model, run_onnxruntime, tensor
-from tests.harness import assert_close, random_array
+from tests.frontend.onnx_models import make_model, tensor
+from tests.harness import assert_close, random_array, run_onnxruntime
 from treadle.compiler import compile_graph
 from treadle.frontend.onnx import from_onnx
 from treadle.graph.graph import Graph

@@ -4,7 +4,7 @@ lengths, fully masked rows). Sizes are odd on purpose: 3 heads, 7 queries, head 
 import numpy as np
 import pytest
 
-from tests.harness import assert_close, random_array
+from tests.harness import assert_close, random_array, run_onnxruntime
 from treadle.compiler import compile_graph
 from treadle.errors import ShapeError
 from treadle.graph.graph import Graph
@@ -36,9 +36,7 @@ def reference(arrays, attrs, num_outputs=1, opset=23, runtime="ort"):
     model = _model(arrays, attrs, num_outputs, opset)
     feeds = {n: a for n, a in zip(INPUTS, arrays) if a is not None}
     if runtime == "ort":
-        session = ort.InferenceSession(model.SerializeToString(),
-                                       providers=["CPUExecutionProvider"])
-        return session.run(None, feeds)
+        return run_onnxruntime(model, feeds)
     return ReferenceEvaluator(model).run(None, feeds)
 
 

@@ -5,7 +5,7 @@ with a symbolic dimension, compiled once and called at two sizes."""
 import numpy as np
 import pytest
 
-from tests.harness import assert_close, random_array
+from tests.harness import assert_close, random_array, run_onnxruntime
 from treadle.compiler import compile_graph
 from treadle.errors import DTypeError, KernelError, ShapeError, UnsupportedOpError
 from treadle.graph.graph import Graph
@@ -27,11 +27,7 @@ def ort_run(op, arrays, attrs, opset=17):
     graph = helper.make_graph([helper.make_node(op, names, ["y"], **attrs)], "g", values, [out])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
                               ir_version=9)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # ceil_mode shapes differ from ONNX's own inference
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(None, dict(zip(names, arrays)))[0]
+    return run_onnxruntime(model, dict(zip(names, arrays)))[0]
 
 
 def run(pairs, outputs):

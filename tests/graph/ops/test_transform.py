@@ -12,7 +12,7 @@ from typing import Optional
 import numpy as np
 import pytest
 
-from tests.harness import assert_close, random_array
+from tests.harness import assert_close, random_array, run_onnxruntime
 from treadle.compiler import compile_graph
 import treadle
 from treadle.errors import KernelError, ModelError, ShapeError, UnsupportedOpError
@@ -67,8 +67,7 @@ def onnx_reference(case: Case, arrays: list[Optional[np.ndarray]]) -> list[np.nd
          if a is not None and not isinstance(a, In)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", case.opset)],
                               ir_version=9)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, {f"in{k}": arrays[k] for k in runtime})
+    return run_onnxruntime(model, {f"in{k}": arrays[k] for k in runtime})
 
 
 def check(cases: list[Case], envs=({},)) -> None:
@@ -446,7 +445,6 @@ def test_indices_out_of_range_raise(op, data, indices, attrs, good, bad, updates
     range raises a KernelError naming the node and the index, as ONNX Runtime raises."""
     model = _indexing_model(op, data, indices, attrs, updates)
     compiled = treadle.compile(model)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     sizes = {"r": 2, "m": 2}
     shape = [sizes.get(d, d) for d in data]
     feeds = {"data": random_array(tuple(shape))}
@@ -454,7 +452,7 @@ def test_indices_out_of_range_raise(op, data, indices, attrs, good, bad, updates
         feeds["updates"] = random_array(tuple(updates))
     index = np.array(good, np.int64)
     assert_close(compiled(**feeds, indices=index)[0],
-                 session.run(None, {**feeds, "indices": index})[0])
+                 run_onnxruntime(model, {**feeds, "indices": index})[0])
     values, offending = bad
     with pytest.raises(KernelError, match=rf"node 'pick' \({op}\): index {offending} is out"):
         compiled(**feeds, indices=np.array(values, np.int64))

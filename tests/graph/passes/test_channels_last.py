@@ -3,8 +3,8 @@ consecutive layers cancel, and the network still matches ONNX Runtime."""
 import pytest
 from onnx import helper
 
-from tests.frontend.onnx_models import make_model, run_onnxruntime, tensor
-from tests.harness import assert_close, random_array
+from tests.frontend.onnx_models import make_model, tensor
+from tests.harness import assert_close, random_array, run_onnxruntime
 from treadle.compiler import compile_graph
 from treadle.frontend.onnx import from_onnx
 from treadle.graph.optimize import optimize

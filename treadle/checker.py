@@ -18,14 +18,13 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from treadle.compiler import compile_graph
-from treadle.errors import ArgumentError, NeedsValueError
 from treadle.dump import dump_folder
 from treadle.graph.graph import Graph
 from treadle.graph.optimize import optimize
 from treadle.graph.partition import Group, format_partition, partition
 from treadle.graph.tensor import Dim
 from treadle.ir.functor import evaluate, free_vars
-from treadle.specialise import bind_inputs, value_inputs
+from treadle.specialise import bind_needed
 
 RTOL, ATOL = 1e-4, 1e-5
 INT_HIGH = 2  # random integers are 0 or 1: a valid token type, mask value or index
@@ -101,9 +100,10 @@ def check(model, inputs: Mapping[str, np.ndarray] | None = None, *,
     normal, integers from [0, 4)), with symbolic dimensions sized by ``dims`` (default 1).
     A tensor agrees when its largest absolute difference is at most ``atol`` or at most
     ``rtol`` times the reference's largest magnitude, with NaNs in the same places."""
-    from treadle.frontend.onnx import load_model
+    from treadle.frontend.onnx import from_onnx, load_model
     given = dict(inputs or {})
-    proto, graph, bound = _import_bound(load_model(model), given)
+    (proto, graph), bound = bind_needed(load_model(model), [], given,
+                                        lambda p: (p, from_onnx(p)))
     with dump_folder(f"{graph.name}-check"):  # the passes here, the kernels in a folder inside
         graph = optimize(graph)
         executable = compile_graph(graph, optimize_graph=False, tune=tune)
@@ -118,24 +118,6 @@ def check(model, inputs: Mapping[str, np.ndarray] | None = None, *,
     if not report.agrees:
         _bisect(report, proto, graph, executable, feeds, rtol, atol)
     return report
-
-
-def _import_bound(proto, given: dict) -> tuple[object, Graph, dict]:
-    """The model with the given contents of the inputs that decide its shapes bound as
-    constants (see ``treadle.specialise``), its graph, and those contents by name."""
-    from treadle.frontend.onnx import from_onnx
-    bound: dict[str, np.ndarray] = {}
-    while True:
-        model = bind_inputs(proto, bound) if bound else proto
-        try:
-            return model, from_onnx(model), bound
-        except NeedsValueError as err:
-            names = [n for n in value_inputs(proto, err.tensor) if n not in bound]
-            missing = [n for n in names if n not in given]
-            if not names or missing:
-                raise ArgumentError(f"{err}; the contents of inputs {missing} decide it: give "
-                                    "them (--input NAME=FILE.npy)") if missing else err
-            bound.update((n, np.asarray(given[n])) for n in names)
 
 
 def _inputs(graph: Graph, given: dict, dims: dict[str, int], seed: int) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 MAX_VALUE_ELEMENTS = 64
 MAX_SPECIALISATIONS = 16
+
+T = TypeVar("T")
 
 
 def value_inputs(proto: onnx.ModelProto, tensor: str) -> list[str]:
@@ -42,6 +44,30 @@ def value_inputs(proto: onnx.ModelProto, tensor: str) -> list[str]:
         elif name in producers:
             stack.extend(n for n in producers[name].input if n)
     return sorted(found)
+
+
+def bind_needed(proto: onnx.ModelProto, names: Sequence[str], given: Mapping,
+                build: Callable[[onnx.ModelProto], T],
+                read: Callable[[str], np.ndarray] | None = None) -> tuple[T, list[str]]:
+    """``build`` of ``proto`` with the inputs ``names`` bound to their contents in ``given``
+    (through ``read``, by default as arrays), and those names. Where that still needs the
+    contents of other inputs, they join the names and ``build`` runs again; one that
+    ``given`` lacks is an ArgumentError naming it."""
+    read = read or (lambda n: np.asarray(given[n]))
+    names = list(names)
+    while True:
+        try:
+            bound = bind_inputs(proto, {n: read(n) for n in names}) if names else proto
+            return build(bound), names
+        except NeedsValueError as err:
+            more = [n for n in value_inputs(proto, err.tensor) if n not in names]
+            missing = [n for n in more if n not in given]
+            if missing:
+                raise ArgumentError(f"{err}; the contents of inputs {missing} decide it: give "
+                                    "them by name") from None
+            if not more:
+                raise
+            names += more
 
 
 def _runtime_inputs(proto: onnx.ModelProto) -> list:
@@ -126,26 +152,24 @@ class SpecialisingModel:
 
     def _specialised(self, arrays: dict) -> CompiledModel:
         """The model compiled for these contents of the value inputs (the lock is held)."""
-        while True:
-            values = {n: self._value(n, arrays) for n in self.value_inputs}
-            key = tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in values.items())
-            if key in self._models:
-                self._models.move_to_end(key)
-                return self._models[key]
-            try:
-                model = self._compile(bind_inputs(self.proto, values))
-            except NeedsValueError as err:
-                more = [n for n in value_inputs(self.proto, err.tensor)
-                        if n not in self.value_inputs]
-                if not more:
-                    raise
-                self.value_inputs += more  # found once that value is given: ask for it too
-                self._models.clear()
-                continue
-            self._models[key] = model
-            if len(self._models) > MAX_SPECIALISATIONS:
-                self._models.popitem(last=False)
-            return model
+        key = self._key(arrays)
+        if key in self._models:
+            self._models.move_to_end(key)
+            return self._models[key]
+        model, names = bind_needed(self.proto, self.value_inputs, arrays, self._compile,
+                                   lambda n: self._value(n, arrays))
+        if names != self.value_inputs:  # found once the others were given: asked for from now
+            self.value_inputs = names
+            self._models.clear()
+            key = self._key(arrays)
+        self._models[key] = model
+        if len(self._models) > MAX_SPECIALISATIONS:
+            self._models.popitem(last=False)
+        return model
+
+    def _key(self, arrays: dict) -> tuple:
+        values = ((n, self._value(n, arrays)) for n in self.value_inputs)
+        return tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in values)
 
     def _value(self, name: str, arrays: dict) -> np.ndarray:
         import onnx

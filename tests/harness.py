@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-# Sizes every sweep draws from: 1, small odd, primes, a power of two, just past it.
-SIZES = (1, 7, 61, 97, 128, 257)
+# Sizes every sweep draws from: empty, 1, small odd, primes, a power of two, just past
+# it, and a large prime (no block or vector width divides it).
+SIZES = (0, 1, 7, 61, 97, 128, 257, 2039)
 SMALL_SIZES = (1, 3, 7, 13)
 
 # (rtol, atol) per dtype; float32 accumulations over K terms scale atol by sqrt(K) at call.
@@ -42,6 +43,15 @@ def assert_close(actual, expected, *, reduction: int = 1, context: str = "") -> 
     scale = max(1.0, float(np.sqrt(reduction)))
     np.testing.assert_allclose(actual, expected, rtol=rtol * scale, atol=atol * scale,
                                err_msg=f"values differ{where}")
+
+
+def run_graph(pairs, outputs) -> list[np.ndarray]:
+    """Compiles the graph of ``outputs`` over the input tensors of ``pairs`` (tensor,
+    array) and runs it on their arrays."""
+    from treadle.compiler import compile_graph
+    from treadle.graph.graph import Graph
+    graph = Graph.from_outputs([t for t, _ in pairs], list(outputs))
+    return compile_graph(graph)(*[a for _, a in pairs])
 
 
 def run_onnxruntime(model, feeds: dict) -> list[np.ndarray]:

@@ -54,3 +54,23 @@ def test_each_compiled_model_dumps_into_a_folder_of_its_own(tmp_path):
         kernel = next(p for p in folder.iterdir() if (p / "ir").is_dir())
         assert (kernel / "ir" / "00_input.txt").is_file()
         assert "treadle_set_num_threads" in (folder / "kernels_0.c").read_text()
+
+
+def test_each_kernel_says_which_schedule_it_got(tmp_path):
+    """``<kernel>/schedule.txt``: the template, the config and what it resolved to, and
+    where the config came from; the resolved config is the one the program was built
+    from."""
+    from treadle import ops
+    from treadle.schedule.templates.gemm import GemmConfig
+    x = ops.input("x", "float32", [5, 24])
+    w = ops.constant(np.ones((24, 40), np.float32))
+    graph = ops.graph([x], [ops.softmax(ops.matmul(x, w, name="dense"))], name="tiny")
+    with override(dump_dir=tmp_path):
+        treadle.compile(graph, tune=0)
+    texts = {p.parent.name: p.read_text() for p in (tmp_path / "tiny").glob("*/schedule.txt")}
+    dense = next(t for t in texts.values() if "template: gemm" in t)
+    fields = dict(line.split(": ", 1) for line in dense.splitlines())
+    assert fields["source"] == "default"
+    resolved = eval(fields["resolved"], {"GemmConfig": GemmConfig})
+    assert resolved.block_m <= 5 + resolved.micro_m and resolved.block_k == 24
+    assert any("template: rules" in t and "config:" not in t for t in texts.values())

@@ -5,7 +5,7 @@ import numpy as np
 
 import treadle
 from tests.harness import assert_close, random_array
-from tests.schedule.test_matmul_cpu import conv_reference
+from tests.schedule.templates.gemm.test_program import conv_reference
 from treadle import ops
 
 

@@ -48,7 +48,7 @@ VERSION = 1
 MANIFEST = "manifest.json"
 PROGRAM = "program.pkl"
 CONSTANTS = "constants.npz"
-RUNNER = "step_runner.so"  # the step runner (runtime.dispatch); older saves have none
+RUNNER = "step_runner.so"  # the step runner (runtime.step_runner); older saves have none
 POOL = "thread_pool.so"  # the thread pool (runtime.pool); older saves have none
 FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # what a manifest may list
 

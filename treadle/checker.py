@@ -21,7 +21,8 @@ from treadle.compiler import compile_graph
 from treadle.dump import dump_folder
 from treadle.graph.graph import Graph
 from treadle.graph.optimize import optimize
-from treadle.graph.partition import Group, format_partition, partition
+from treadle.graph.kernel_plan import KernelPlan, plan_kernels
+from treadle.graph.partition import format_partition
 from treadle.graph.tensor import Dim
 from treadle.ir.functor import evaluate, free_vars
 from treadle.specialise import bind_needed
@@ -201,7 +202,7 @@ def _bisect(report: CheckReport, proto, graph: Graph, executable, feeds: dict,
     if not differing:
         return
     _, name, value, kernel = min(differing, key=lambda d: d[0])
-    group = next((g for g in partition(graph) if g.name == kernel), None)
+    group = next((g for g in plan_kernels(graph) if g.name == kernel), None)
     inside = _narrow(proto, feeds, _computed_by(group, position) if group else [], rtol, atol)
     if inside is not None and position[inside.name] < position[name]:
         name, difference = inside.name, inside
@@ -217,7 +218,7 @@ def _bisect(report: CheckReport, proto, graph: Graph, executable, feeds: dict,
         format_partition([group]).split(": ", 1)[-1] if group else kernel)
 
 
-def _computed_by(group: Group, position: dict[str, int]) -> list[str]:
+def _computed_by(group: KernelPlan, position: dict[str, int]) -> list[str]:
     """The model's tensors that ``group``'s kernel computes, in the model's order."""
     names = {n for op in group.ops for t in op.outputs for n in (t.name, *t.aliases)}
     return sorted(names & position.keys(), key=position.get)

@@ -1,87 +1,148 @@
-"""From a graph to an executable: partition, schedule and fuse, build the kernels, plan steps.
+"""From a graph to an executable: plan the kernels, choose configs and schedule, fuse, build
+the kernels, plan steps.
 
 Operators that only reinterpret their input's memory (reshape and friends) become views.
-The others are partitioned into groups (``graph.partition``), each scheduled into one kernel
-with its prologues and epilogues fused (``schedule.fusion``); groups whose kernels come out
-identical (the same schedule on the same shapes, as in repeated layers) share one. Kernels
-are built in a few shared objects in parallel, since one C file per kernel would pay the
-compiler's start-up cost hundreds of times and one file for all would use a single core.
+The others are planned into kernels by a strategy (``graph.kernel_plan``); each plan's
+anchor gets its template (``schedule.operator``) and the config tuning chooses
+(``treadle.tune``), and its prologues and epilogues are fused into the program
+(``schedule.fusion``); plans whose kernels come out identical (the same schedule on the
+same shapes, as in repeated layers) share one. Kernels are built in a few shared objects
+in parallel, since one C file per kernel would pay the compiler's start-up cost hundreds
+of times and one file for all would use a single core.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from treadle.backend.build import build_many
-from treadle.backend.c import generate
+from treadle.backend.cpu import generate
 from treadle.dump import dump_folder, dump_text
 from treadle.graph.graph import Graph
-from treadle.graph.partition import format_partition, partition
+from treadle.graph.kernel_plan import plan_kernels
+from treadle.graph.operator import Operator
 from treadle.graph.optimize import optimize
+from treadle.graph.partition import format_partition
+from treadle.graph.tensor import Tensor
 from treadle.ir.lower import lower
 from treadle.ir.stmt import Function
-from treadle.runtime.dispatch import library_path
 from treadle.runtime.executor import Executable, Slot, Step
 from treadle.runtime.module import CompiledFunction, exported_symbols, load
-from treadle.schedule.fusion import schedule_group
+from treadle.runtime.step_runner import library_path
+from treadle.schedule.fusion import FusedKernel, schedule_plan
+from treadle.schedule.operator import select_template
+from treadle.schedule.rules import Kernel
+from treadle.target.cpu import CpuTarget, host
+from treadle.tune import Choice, choose
 
 FUNCTIONS_PER_OBJECT = 24
 
 
-def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int = 0) -> Executable:
-    """``tune``: the tuning level of template schedules (0 analytic, 1 small, 2 full).
+@dataclass(frozen=True)
+class PlannedStep:
+    """A step before its kernel is built: the kernel's function (None for a view, which
+    copies or aliases), the slots of its arguments (workspaces as -1, -2, ...), of the
+    tensors it writes, and its workspaces."""
+    name: str
+    function: Function | None
+    args: tuple[int, ...]
+    outputs: tuple[int, ...]
+    workspaces: tuple[Slot, ...] = ()
+
+
+def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int = 0,
+                  strategy: str = "greedy") -> Executable:
+    """``tune``: the tuning level of template configs (0 analytic, 1 small, 2 full);
+    ``strategy``: how the kernels are chosen (``graph.kernel_plan.STRATEGIES``).
     Under TREADLE_DUMP, everything is dumped into a folder of this compile's own."""
     with dump_folder(graph.name):
-        return _compile_graph(graph, optimize_graph, tune)
+        return _compile_graph(graph, optimize_graph, tune, strategy)
 
 
-def _compile_graph(graph: Graph, optimize_graph: bool, tune: int) -> Executable:
+def _compile_graph(graph: Graph, optimize_graph: bool, tune: int, strategy: str) -> Executable:
     if optimize_graph:
         graph = optimize(graph)
-    tensors = list(graph.tensors)
-    slot_of = {id(t): k for k, t in enumerate(tensors)}
-    slots = [Slot(t.name, t.dtype, t.shape) for t in tensors]
-    constants = {slot_of[id(t)]: t.data for t in tensors if t.is_constant}
-
+    slots = _Slots(graph)
+    plans = plan_kernels(graph, strategy)
+    dump_text(("graph", "partition.txt"), format_partition(plans))
     unique: dict[Function, Function] = {}
-    plans = []
-    groups = partition(graph)
-    dump_text(("graph", "partition.txt"), format_partition(groups))
-    for index, group in enumerate(groups):
-        if group.is_view:
-            op = group.anchor
-            plans.append((op.name, None, (slot_of[id(op.inputs[0])],),
-                          (slot_of[id(op.outputs[0])],), ()))
+    steps: list[PlannedStep] = []
+    for index, plan in enumerate(plans):
+        if plan.is_view:
+            steps.append(PlannedStep(plan.name, None, (slots[plan.anchor.inputs[0]],),
+                                     (slots[plan.anchor.outputs[0]],)))
             continue
-        for kernel in schedule_group(group, f"k{index}_{group.anchor.op_type}", tune):
-            for t in kernel.inputs:  # a constant the schedule laid out anew
-                if id(t) not in slot_of:
-                    tensors.append(t)  # held, so that no later tensor takes its id
-                    slot_of[id(t)] = len(slots)
-                    slots.append(Slot(t.name, t.dtype, t.shape))
-                    constants[slot_of[id(t)]] = t.data
-            key = replace(kernel.function, name="")
-            function = unique.setdefault(key, kernel.function)
-            outputs = tuple(slot_of[id(t)] for t in kernel.outputs)
-            args = tuple(slot_of[id(t)] for t in kernel.inputs) + outputs
-            args += tuple(-k - 1 for k in range(len(kernel.workspaces)))
-            workspaces = tuple(Slot(w.name, w.dtype, w.shape) for w in kernel.workspaces)
-            plans.append((group.name, function.name, args, outputs, workspaces))
+        kernels = schedule_plan(plan, f"k{index}_{plan.anchor.op_type}",
+                                lambda op, name: tuned_kernel(op, name, tune))
+        steps += [_kernel_step(plan.name, kernel, slots, unique) for kernel in kernels]
 
     # Constants only read through a layout of their own (weights packed into panels) are
     # dropped, so a model keeps one copy of its weights.
-    read = {a for _, _, args, _, _ in plans for a in args} | {slot_of[id(t)] for t in graph.outputs}
-    constants = {slot: data for slot, data in constants.items() if slot in read}
+    read = {a for step in steps for a in step.args} | {slots[t] for t in graph.outputs}
+    constants = {slot: data for slot, data in slots.constants.items() if slot in read}
     kernels = build_functions(list(unique.values()), graph.name)
-    steps = [Step(name, None if fn is None else kernels[fn], args, outs, ws)
-             for name, fn, args, outs, ws in plans]
-    executable = Executable(slots, [slot_of[id(t)] for t in graph.inputs],
-                            [slot_of[id(t)] for t in graph.outputs], constants, steps,
+    built = [Step(s.name, None if s.function is None else kernels[s.function.name], s.args,
+                  s.outputs, s.workspaces) for s in steps]
+    executable = Executable(slots.slots, [slots[t] for t in graph.inputs],
+                            [slots[t] for t in graph.outputs], constants, built,
                             library_path())
     unordered = executable.reads_before_writes()
-    if unordered:  # a fault of the partition; running would read stale memory
+    if unordered:  # a fault of the kernel plan; running would read stale memory
         raise AssertionError(f"steps read tensors before they are written: {unordered}")
     return executable
+
+
+class _Slots:
+    """A slot per tensor of the graph, and per constant a schedule laid out anew."""
+
+    def __init__(self, graph: Graph):
+        # Tensors are held, so that no later tensor takes the id of one that is gone.
+        self.tensors = list(graph.tensors)
+        self.index = {id(t): k for k, t in enumerate(self.tensors)}
+        self.slots = [Slot(t.name, t.dtype, t.shape) for t in self.tensors]
+        self.constants = {self.index[id(t)]: t.data for t in self.tensors if t.is_constant}
+
+    def __getitem__(self, tensor: Tensor) -> int:
+        if id(tensor) not in self.index:
+            if not tensor.is_constant:
+                raise KeyError(f"tensor {tensor.name!r} is not in the graph")
+            # A constant the schedule laid out anew.
+            self.tensors.append(tensor)
+            self.index[id(tensor)] = len(self.slots)
+            self.slots.append(Slot(tensor.name, tensor.dtype, tensor.shape))
+            self.constants[self.index[id(tensor)]] = tensor.data
+        return self.index[id(tensor)]
+
+
+def _kernel_step(name: str, kernel: FusedKernel, slots: _Slots, unique: dict[Function, Function]
+                 ) -> PlannedStep:
+    """The step of a fused kernel; kernels that come out identical (the same schedule on
+    the same shapes, as in repeated layers) share one function."""
+    function = unique.setdefault(replace(kernel.function, name=""), kernel.function)
+    inputs = tuple(slots[t] for t in kernel.inputs)
+    outputs = tuple(slots[t] for t in kernel.outputs)
+    args = inputs + outputs + tuple(-k - 1 for k in range(len(kernel.workspaces)))
+    workspaces = tuple(Slot(w.name, w.dtype, w.shape) for w in kernel.workspaces)
+    return PlannedStep(name, function, args, outputs, workspaces)
+
+
+def tuned_kernel(op: Operator, name: str, tune: int = 0,
+                 target: CpuTarget | None = None) -> Kernel:
+    """``op``'s kernel: its template, the config tuning chooses at level ``tune``, the
+    program generated from it. Under TREADLE_DUMP, ``<name>/schedule.txt`` says which."""
+    target = target or host()
+    template, pattern = select_template(op, target)
+    choice = choose(template, pattern, name, tune, target)
+    dump_text((name, "schedule.txt"), format_choice(op, choice))
+    return template.emit(choice.resolved, name)
+
+
+def format_choice(op: Operator, choice: Choice) -> str:
+    lines = [f"operator: {op.name} ({op.op_type})", f"template: {choice.template.name}"]
+    if choice.config is not None:
+        lines += [f"config: {choice.config}", f"resolved: {choice.resolved.config}"]
+    lines.append(f"source: {choice.source}")
+    return "\n".join(lines)
 
 
 def build_functions(functions: Sequence[Function], name: str) -> dict[str, CompiledFunction]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from treadle.backend.build import build, compiler_flags
-from treadle.backend.c import generate
+from treadle.backend.cpu import generate
 from treadle.config import config
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.expr import call

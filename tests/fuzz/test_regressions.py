@@ -24,7 +24,7 @@ def test_view_of_a_scalar_in_an_epilogue():
 def test_vector_times_matrix_of_symbolic_width():
     """A 1-D left factor times a matrix of symbolic width: whether the GEMM's tiles share
     one row of A asked the truth of the symbolic tile count
-    (schedule/templates/matmul_cpu.py)."""
+    (schedule/templates/gemm/)."""
     nodes = [helper.make_node("MatMul", ["a", "b"], ["y"])]
     model = make_model(nodes, [tensor("a", [4]), tensor("b", [4, "n"])], [tensor("y", ["n"])])
     assert_matches_onnxruntime(model, {"a": random_array((4,)),

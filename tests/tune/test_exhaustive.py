@@ -1,7 +1,9 @@
-"""The exhaustive tuner: picks the measured-fastest point, stores it, and serves later
-lookups — including a whole second compile — from the record without measuring."""
+"""The exhaustive tuner, through the template protocol: picks the measured-fastest distinct
+point, stores it, and serves later lookups — including a whole second compile — from the
+record without measuring."""
 import json
 import logging
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,11 +17,11 @@ from treadle.errors import ScheduleConfigError
 from treadle.ir.compute import reduce
 from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Var
-from treadle.schedule.templates.matmul_cpu import GemmConfig, match_gemm
+from treadle.schedule.templates.gemm import GEMM, GemmConfig, GemmTemplate, match_gemm
+from treadle.schedule.templates.gemm.space import gemm_space
 from treadle.target.cpu import host
 from treadle.tune import exhaustive
 from treadle.tune.records import load_record, workload_text
-from treadle.tune.space import gemm_space
 
 SPACE = [GemmConfig(12, 16, 32, 6, 16), GemmConfig(24, 32, 64, 6, 16),
          GemmConfig(8, 24, 64, 4, 24)]
@@ -33,7 +35,8 @@ def cache(tmp_path):
 
 @pytest.fixture
 def small_space(monkeypatch):
-    monkeypatch.setattr(exhaustive, "gemm_space", lambda level, target: list(SPACE))
+    """Every level's space is SPACE, so SPACE[0] is the level-0 point."""
+    monkeypatch.setattr(GemmTemplate, "space", lambda self, pattern, level, target: list(SPACE))
 
 
 class FakeClock:
@@ -53,70 +56,110 @@ class FakeClock:
 def matmul(k=40):
     a, b = Buffer("a", float32, (Var("M"), k)), Buffer("b", float32, (k, 24))
     c = reduce("c", [a.shape[0], 24], [k], lambda i, j, r: a[i, r] * b[r, j])
-    return [a, b], match_gemm(c)
+    return replace(match_gemm(c), inputs=(a, b))
+
+
+def choose(pattern, level):
+    return exhaustive.choose(GEMM, pattern, "g", level, host())
+
+
+def record_of(pattern, level=1):
+    return load_record(workload_text(GEMM, pattern, level, host()), GEMM, pattern, host())
 
 
 def test_picks_the_fastest_and_records_it(cache, small_space, monkeypatch):
     clock = FakeClock(monkeypatch, [3e-3, None, 1e-3])
-    inputs, pattern = matmul()
-    assert exhaustive.tune_gemm("g", inputs, pattern, 1) == SPACE[2]
-    record = load_record(workload_text(inputs, pattern, 1, host()))
-    assert record.config == SPACE[2]
+    pattern = matmul()
+    choice = choose(pattern, 1)
+    assert (choice.config, choice.source) == (SPACE[2], "measured")
+    assert choice.resolved == GEMM.resolve(pattern, SPACE[2], host())
+    record = record_of(pattern)
+    assert record.config == SPACE[2] and record.resolved == choice.resolved.config
     assert dict(record.timings) == {SPACE[0]: 3e-3, SPACE[1]: None, SPACE[2]: 1e-3}
-    assert exhaustive.tune_gemm("g", *matmul(), 1) == SPACE[2]
+    again = choose(matmul(), 1)  # new buffers and axes: the same workload
+    assert (again.config, again.source) == (SPACE[2], "record")
     assert clock.calls == 1
 
 
+def test_points_that_resolve_alike_are_measured_once(cache, monkeypatch):
+    """On a 5 x 24 x 40 product, configs differing only in blocks larger than the problem
+    resolve alike: one candidate each, and no program is generated to find that."""
+    emitted = []
+    real = GemmTemplate.emit
+    monkeypatch.setattr(GemmTemplate, "emit",
+                        lambda self, resolved, name: emitted.append(resolved) or
+                        real(self, resolved, name))
+    a, b = Buffer("a", float32, (5, 40)), Buffer("b", float32, (40, 24))
+    pattern = replace(match_gemm(reduce("c", [5, 24], [40], lambda i, j, r: a[i, r] * b[r, j])),
+                      inputs=(a, b))
+    space = gemm_space(2, host())
+    points = exhaustive.distinct_points(GEMM, pattern, 2, host())
+    assert emitted == []
+    assert len(points) < len(space)
+    assert len({resolved for _, resolved in points}) == len(points)
+    clock = FakeClock(monkeypatch, [1e-3] + [2e-3] * (len(points) - 1))
+    exhaustive.choose(GEMM, pattern, "g", 2, host())  # the level-0 point is in the space
+    assert clock.calls == 1 and len(emitted) == len(points)
+
+
 def test_keeps_the_default_unless_a_point_is_clearly_faster(cache, small_space, monkeypatch):
-    """SPACE[0] is the analytic default: 3% faster is within the noise of one
-    measurement, 10% is not."""
+    """SPACE[0] is the level-0 point: 3% faster is within the noise of one measurement,
+    10% is not."""
     FakeClock(monkeypatch, [1e-3, None, 0.97e-3])
-    assert exhaustive.tune_gemm("g", *matmul(k=40), 1) == SPACE[0]
+    assert choose(matmul(k=40), 1).config == SPACE[0]
     FakeClock(monkeypatch, [1e-3, None, 0.9e-3])
-    assert exhaustive.tune_gemm("g", *matmul(k=41), 1) == SPACE[2]
+    assert choose(matmul(k=41), 1).config == SPACE[2]
 
 
 def test_level_zero_measures_nothing(cache, monkeypatch):
     clock = FakeClock(monkeypatch, [])
-    assert exhaustive.tune_gemm("g", *matmul(), 0) == gemm_space(0, host())[0]
+    choice = choose(matmul(), 0)
+    assert (choice.config, choice.source) == (gemm_space(0, host())[0], "default")
     assert clock.calls == 0
 
 
 def test_rejected_and_failing_points(cache, small_space, monkeypatch, caplog):
-    real = exhaustive.schedule_gemm
+    real = GemmTemplate.check
 
-    def schedule(name, inputs, pattern, cfg):
+    def check(self, pattern, cfg, target):
         if cfg == SPACE[0]:
             raise ScheduleConfigError("rejected by the template")
-        return real(name, inputs, pattern, cfg)
-    monkeypatch.setattr(exhaustive, "schedule_gemm", schedule)
+        real(self, pattern, cfg, target)
+    monkeypatch.setattr(GemmTemplate, "check", check)
     FakeClock(monkeypatch, [None, None])
     with caplog.at_level(logging.WARNING):
-        cfg = exhaustive.tune_gemm("g", *matmul(), 1)
-    assert cfg == exhaustive.default_gemm_config("g", *matmul(), host())
+        choice = choose(matmul(), 1)
+    assert (choice.config, choice.source) == (SPACE[1], "default")  # the first accepted
     assert "every candidate failed" in caplog.text
-    assert load_record(workload_text(*matmul(), 1, host())) is None
+    assert record_of(matmul()) is None
 
 
-@pytest.mark.parametrize("impossible", [{"block_m": 0}, {"block_n": -16}, {"micro_n": 7},
-                                        {"block_m": 7}, {"micro_m": "6"}, {"split_k": True}])
+@pytest.mark.parametrize("field, impossible", [
+    ("config", {"block_m": 0}), ("config", {"block_n": -16}), ("config", {"micro_n": 7}),
+    ("config", {"block_m": 7}), ("config", {"micro_m": "6"}), ("config", {"split_k": True}),
+    ("resolved", {"block_k": 8})])  # no longer what the config resolves to
 def test_a_record_of_impossible_values_is_ignored_and_tuned_again(cache, small_space, monkeypatch,
-                                                                  caplog, impossible):
+                                                                  caplog, field, impossible):
     """Valid JSON that the template cannot use (an edited or damaged record) must not
     break every later compile of the model."""
     FakeClock(monkeypatch, [3e-3, None, 1e-3])
-    inputs, pattern = matmul()
-    exhaustive.tune_gemm("g", inputs, pattern, 1)
+    pattern = matmul()
+    choose(pattern, 1)
     path = next((cache / "tuning").iterdir())
     data = json.loads(path.read_text())
-    data["config"].update(impossible)
+    data[field].update(impossible)
     path.write_text(json.dumps(data))
     clock = FakeClock(monkeypatch, [3e-3, None, 1e-3])
     with caplog.at_level(logging.WARNING):
-        assert exhaustive.tune_gemm("g", inputs, pattern, 1) == SPACE[2]
+        assert choose(pattern, 1).config == SPACE[2]
     assert f"ignoring unusable tuning record {path}" in caplog.text
     assert clock.calls == 1  # tuned again, and the record rewritten:
-    assert load_record(workload_text(inputs, pattern, 1, host())).config == SPACE[2]
+    assert record_of(pattern).config == SPACE[2]
+
+
+def test_unknown_level_is_refused():
+    with pytest.raises(ValueError, match="tuning level 3"):
+        choose(matmul(), 3)
 
 
 def two_layer_model():

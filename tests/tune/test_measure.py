@@ -7,7 +7,7 @@ from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import reduce
 from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Var
-from treadle.schedule.templates.matmul_cpu import GemmConfig, match_gemm, schedule_gemm
+from treadle.schedule.templates.gemm import GemmConfig, match_gemm, schedule_gemm
 from treadle.tune.measure import measure_functions
 
 

@@ -1,4 +1,5 @@
-"""C code generation for lowered tensor programs: GNU C11, OpenMP simd, GCC vector extensions.
+"""C-family code generation for lowered tensor programs: the printer every C-like target
+shares (GNU C11 and GCC vector extensions), as tables a target extends.
 
 ABI. Each ``Function`` becomes ``int32_t kernel_<name>(<params in order>)`` (see
 ``c_name``): a buffer parameter is a ``restrict`` pointer to its element type, ``const``
@@ -7,14 +8,14 @@ when the kernel never stores to it, a scalar parameter has its C type. The kerne
 *<symbol>__messages[]`` holds the assert messages so the runtime can raise them. Buffers
 are row-major and indexed by flattening with their (possibly symbolic) shape.
 
-A parallel loop's body becomes a static function of an iteration range, with the values
-it uses from outside in a context struct; the kernel hands both to the thread pool
-(``runtime.pool``) through ``treadle_parallel_for``, on ``treadle_num_threads`` threads.
-The library exports ``treadle_set_num_threads`` and ``treadle_set_parallel`` (the pool's
-entry point; without it loops run serially). A failure inside such a body, or inside an
-``omp simd`` loop, cannot ``return`` from the kernel: an ``Assert`` there stores its code
-in ``treadle_status`` and jumps to the end of the iteration; after the loop the status is
-passed outward.
+A target is a subclass of ``CPrinter`` whose tables (``EXPR_PRINTERS``, ``CALL_PRINTERS``,
+``STMT_PRINTERS``, ``LOOP_PRINTERS``) are the base ones with entries added or replaced, and
+whose ``PREAMBLE`` is C it needs before the kernels; ``generate`` prints with one. Here
+loops are serial or unrolled; the CPU target (``backend.cpu``) adds parallel and simd
+loops and the intrinsics. A failure inside a loop a target prints specially (a parallel
+body, an ``omp simd`` loop) cannot ``return`` from the kernel: an ``Assert`` there stores
+its code in ``treadle_status`` and jumps to the end of the iteration; after the loop the
+status is passed outward (``CPrinter.special_loop``).
 
 Expressions get the parentheses C's precedence needs, plus a few for readability. Where
 C's implicit conversions would compute in another type than the IR says (narrow integers
@@ -24,7 +25,7 @@ multiply as int), the printer adds the cast.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -40,7 +41,6 @@ from treadle.ir.simplify import simplify_expr
 from treadle.ir.compute import combine
 from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, Evaluate, For, ForTask,
                              Function, If, Let, Seq, Stmt, Store)
-from treadle.target.cpu import host
 
 PRIMARY, UNARY, TERNARY = 16, 15, 3  # C precedence levels; higher binds tighter
 
@@ -61,42 +61,15 @@ LIBM = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf"
         "sin": "sin", "cos": "cos", "floor": "floor", "ceil": "ceil", "round": "rint",
         "pow": "pow", **{f: f for f in ("tan", "asin", "acos", "atan", "sinh", "cosh",
                                         "asinh", "acosh", "atanh")}}
-# Vector dtype -> fused multiply-add intrinsic; the 512-bit ones only where the CPU has them.
-FMA_INTRINSICS = {dtypes.vector(scalar, bits // scalar.bits): f"_mm{width}_fmadd_{suffix}"
-                  for scalar, suffix in ((dtypes.float32, "ps"), (dtypes.float64, "pd"))
-                  for bits, width in ((128, ""), (256, "256"), (512, "512"))}
 # Functions generated code calls, so no local may shadow them.
 CALLED = {name + suffix for name in (*LIBM.values(), "fabs", "fma") for suffix in ("", "f")}
 
 # uint32 / uint64 literals keep their type; narrower ones promote to int anyway.
 UNSIGNED_SUFFIX = {32: "U", 64: "UL"}
 
-STACK_ALIGNMENT = 64  # bytes of one AVX-512 register, a cache line
 MAX_STACK_BYTES = 1 << 20  # a larger local array would overflow a thread's stack
 UNROLL_CAP = 64
 
-THREADS = """\
-static int treadle_num_threads = 1;
-
-void treadle_set_num_threads(int n) {
-    treadle_num_threads = n > 0 ? n : 1;
-}
-
-typedef void (*treadle_loop_body)(void *ctx, int64_t begin, int64_t end);
-typedef void (*treadle_parallel_fn)(int64_t n, treadle_loop_body body, void *ctx,
-                                    int32_t threads);
-static treadle_parallel_fn treadle_parallel = 0;
-
-void treadle_set_parallel(treadle_parallel_fn run) {
-    treadle_parallel = run;
-}
-
-static void treadle_parallel_for(int64_t n, treadle_loop_body body, void *ctx) {
-    if (treadle_parallel != 0 && treadle_num_threads > 1 && n > 1)
-        treadle_parallel(n, body, ctx, treadle_num_threads);
-    else
-        body(ctx, 0, n);
-}"""
 
 
 def c_name(func: Function) -> str:
@@ -115,8 +88,10 @@ def fault_symbol(func: Function) -> str:
     return c_name(func) + "__fault"
 
 
-def generate(functions: Sequence[Function]) -> str:
-    """One C source file defining every function of ``functions`` (already lowered)."""
+def generate(functions: Sequence[Function], printer: type[CPrinter] | None = None) -> str:
+    """One C source file defining every function of ``functions`` (already lowered), in
+    the dialect of ``printer`` (this module's plain C by default)."""
+    printer = printer or CPrinter
     prelude = Prelude()
     owners: dict[str, str] = {}
     parts = []
@@ -126,8 +101,9 @@ def generate(functions: Sequence[Function]) -> str:
             raise IRError(f"functions {owners[symbol]!r} and {func.name!r} would both be C "
                           f"symbol {symbol}; give them distinct names")
         owners[symbol] = func.name
-        parts.append(_FunctionPrinter(func, prelude).print())
-    return "\n\n".join(["/* Generated by treadle. */", prelude.text(), THREADS, *parts]) + "\n"
+        parts.append(printer(func, prelude).print())
+    preamble = [printer.PREAMBLE] if printer.PREAMBLE else []
+    return "\n\n".join(["/* Generated by treadle. */", prelude.text(), *preamble, *parts]) + "\n"
 
 
 # Bytes that stand for themselves in a C string literal: printable ASCII except the quote,
@@ -179,7 +155,7 @@ def _literal(value, dtype: DataType) -> str:
 
 # ---- expressions ------------------------------------------------------------------------
 
-def _const(p: _FunctionPrinter, e: Const):
+def _const(p: CPrinter, e: Const):
     if e.dtype.is_vector:
         return p.call(p.helper("broadcast", e.dtype), _literal(e.value, e.dtype.scalar))
     text = _literal(e.value, e.dtype)
@@ -206,7 +182,7 @@ def _clarify(parent: str, child: Expr) -> bool:
             or (parent in ("==", "!=") and child.op in COMPARE_OPS))
 
 
-def _binary(p: _FunctionPrinter, e: Binary):
+def _binary(p: CPrinter, e: Binary):
     p.no_bfloat16(e, e.a, e.b)
     if e.op in ("min", "max"):
         return p.call(p.helper(e.op, e.dtype), p.text_as(e.a, e.dtype), p.text_as(e.b, e.dtype))
@@ -229,7 +205,7 @@ def _binary(p: _FunctionPrinter, e: Binary):
     return text, prec
 
 
-def _unary(p: _FunctionPrinter, e: Unary):
+def _unary(p: CPrinter, e: Unary):
     p.no_bfloat16(e, e.a)
     # The operand must be primary: `- -x` would otherwise print as the decrement `--x`.
     text = p.table(C_UNARY, e.op, "C_UNARY") + p.wrap(e.a, PRIMARY)
@@ -238,43 +214,34 @@ def _unary(p: _FunctionPrinter, e: Unary):
     return text, UNARY
 
 
-def _select(p: _FunctionPrinter, e: Select):
+def _select(p: CPrinter, e: Select):
     if e.dtype.is_vector or e.cond.dtype.is_vector:
         raise IRError(f"{e}: select is not supported for vector dtype {e.dtype}")
     branches = [p.operand(x, e.dtype, TERNARY + 1, "?") for x in (e.then, e.otherwise)]
     return f"{p.wrap(e.cond, TERNARY + 1)} ? {branches[0]} : {branches[1]}", TERNARY
 
 
-def _load(p: _FunctionPrinter, e: Load):
+def _load(p: CPrinter, e: Load):
     return p.element(e.buffer, e.indices, e.lanes, store=False)
 
 
-def _libm_call(p: _FunctionPrinter, base: str, dtype: DataType, args: Sequence[str]):
+def _libm_call(p: CPrinter, base: str, dtype: DataType, args: Sequence[str]):
     name = base if dtype == dtypes.float64 else p.prelude.f32_math(base) or base + "f"
     text = f"{name}({', '.join(args)})"
     # float16 math runs in float and rounds back.
     return (f"(_Float16){text}", UNARY) if dtype == dtypes.float16 else (text, PRIMARY)
 
 
-def _scalar_float_call(p: _FunctionPrinter, e: Call, base: str):
+def _scalar_float_call(p: CPrinter, e: Call, base: str):
     p.no_bfloat16(e, *e.args)
     if e.dtype.is_vector:
         raise IRError(f"{e}: {e.func} is not supported for vector dtype {e.dtype}")
     return _libm_call(p, base, e.dtype, [p.text_as(a, e.dtype) for a in e.args])
 
 
-def _fma(p: _FunctionPrinter, e: Call):
-    if not e.dtype.is_vector:
-        return _scalar_float_call(p, e, "fma")
-    have = [d for d in FMA_INTRINSICS if d.nbytes <= host().widest_simd_bytes]
-    if e.dtype not in have:
-        raise IRError(f"{e}: fma is not supported for vector dtype {e.dtype} on this CPU "
-                      f"(it has {', '.join(d.name for d in have)})")
-    intrinsic = FMA_INTRINSICS[e.dtype]
-    return p.call(intrinsic, *(p.text_as(a, e.dtype) for a in e.args))
 
 
-def _abs(p: _FunctionPrinter, e: Call):
+def _abs(p: CPrinter, e: Call):
     (arg,) = e.args
     if e.dtype.is_float or e.dtype.is_vector:
         return _scalar_float_call(p, e, "fabs")
@@ -283,7 +250,7 @@ def _abs(p: _FunctionPrinter, e: Call):
     return p.expr(arg)  # unsigned and bool values are their own magnitude
 
 
-def _reduce(p: _FunctionPrinter, e: Call):
+def _reduce(p: CPrinter, e: Call):
     (arg,) = e.args
     p.no_bfloat16(e, arg)
     if not arg.dtype.is_vector:
@@ -291,28 +258,18 @@ def _reduce(p: _FunctionPrinter, e: Call):
     return p.call(p.helper(e.func, arg.dtype), p.text(arg))
 
 
-def _prefetch(p: _FunctionPrinter, e: Call):
-    """Fetches the cache line of a load's element into L2 (prefetcht1): the schedules
-    prefetch a step or a panel ahead, and a line brought into L1 that early evicts the
-    micro-panels being read (a 128 x 768 x 3072 GEMM: 4% faster than into L1). Where
-    fusion replaced the load with a computed value there is no single address to fetch,
-    and the hint is dropped."""
-    (arg,) = e.args
-    if not isinstance(arg, Load):
-        return "0", PRIMARY
-    return p.call("__builtin_prefetch", "&" + p.text(arg), "0", "2")
 
 
 # Primitive name -> printer; each printer picks the spelling for the call's dtype.
 CALL_PRINTERS: dict[str, Callable] = {
     **{name: (lambda p, e, base=base: _scalar_float_call(p, e, base))
        for name, base in LIBM.items()},
-    "fma": _fma,
+    "fma": lambda p, e: _scalar_float_call(p, e, "fma"),
     "abs": _abs,
     "reduce_add": _reduce,
     "reduce_max": _reduce,
     "reduce_min": _reduce,
-    "prefetch": _prefetch,
+    "prefetch": lambda p, e: ("0", PRIMARY),  # a hint; C has no portable spelling
 }
 
 EXPR_PRINTERS: dict[type, Callable] = {
@@ -324,18 +281,18 @@ EXPR_PRINTERS: dict[type, Callable] = {
     Cast: lambda p, e: p.cast(e.value, e.dtype),
     Broadcast: lambda p, e: p.call(p.helper("broadcast", e.dtype), p.text(e.value)),
     Load: _load,
-    Call: lambda p, e: p.table(CALL_PRINTERS, e.func, "CALL_PRINTERS")(p, e),
+    Call: lambda p, e: p.table(p.CALL_PRINTERS, e.func, "CALL_PRINTERS")(p, e),
 }
 
 
 # ---- statements -------------------------------------------------------------------------
 
-def _seq(p: _FunctionPrinter, s: Seq) -> None:
+def _seq(p: CPrinter, s: Seq) -> None:
     for item in s.stmts:
         p.stmt(item)
 
 
-def _if(p: _FunctionPrinter, s: If) -> None:
+def _if(p: CPrinter, s: If) -> None:
     p.emit(f"if ({p.text(s.cond)}) {{")
     p.block(s.then)
     other = s.otherwise
@@ -349,33 +306,23 @@ def _if(p: _FunctionPrinter, s: If) -> None:
     p.emit("}")
 
 
-def _store(p: _FunctionPrinter, s: Store) -> None:
+def _store(p: CPrinter, s: Store) -> None:
     target, _ = p.element(s.buffer, s.indices, s.lanes, store=True)
     value_type = s.buffer.dtype if s.buffer.dtype.is_vector else s.value.dtype
     p.emit(f"{target} = {p.text_as(s.value, value_type)};")
 
 
-def _accumulate(p: _FunctionPrinter, s: Accumulate) -> None:
-    flag = p.nan_flags.get(s.buffer)
-    if flag is None:
-        _store(p, Store(s.buffer, (), combine(s.op, s.buffer[()], s.value)))
-        return
-    # See _nan_flags: an ordered compare keeps the accumulator where the value is NaN.
-    value = Var(f"{s.buffer.name}_value", s.buffer.dtype)
-    acc = s.buffer[()]
-    _let(p, Let(value, s.value))
-    name = p.name_of(value)
-    p.emit(f"{flag} |= -({name} != {name});")
-    _store(p, Store(s.buffer, (), Select(Binary(ORDERED[s.op], value, acc), value, acc)))
+def _accumulate(p: CPrinter, s: Accumulate) -> None:
+    _store(p, Store(s.buffer, (), combine(s.op, s.buffer[()], s.value)))
 
 
-def _let(p: _FunctionPrinter, s: Let) -> None:
+def _let(p: CPrinter, s: Let) -> None:
     value = p.text(s.value)
     p.let_values[s.var] = s.value
     p.emit(f"const {p.type(s.var.dtype)} {p.names.declare(s.var, s.var.name)} = {value};")
 
 
-def _decl_buffer(p: _FunctionPrinter, s: DeclBuffer) -> None:
+def _decl_buffer(p: CPrinter, s: DeclBuffer) -> None:
     b = s.buffer
     if not all(isinstance(d, Const) for d in b.shape):
         raise IRError(f"{b.scope} buffer {b.name} has symbolic shape {list(map(str, b.shape))}; "
@@ -388,10 +335,10 @@ def _decl_buffer(p: _FunctionPrinter, s: DeclBuffer) -> None:
     if b.rank == 0:
         p.emit(f"{ctype} {name};")
     else:
-        p.emit(f"{ctype} {name}[{count}] __attribute__((aligned({STACK_ALIGNMENT})));")
+        p.emit(f"{ctype} {name}[{count}] __attribute__((aligned({p.STACK_ALIGNMENT})));")
 
 
-def _assert(p: _FunctionPrinter, s: Assert) -> None:
+def _assert(p: CPrinter, s: Assert) -> None:
     p.messages.append(s.message)
     p.emit(f"if (!{p.wrap(s.cond, PRIMARY)}) {{")
     p.depth += 1
@@ -403,101 +350,38 @@ def _assert(p: _FunctionPrinter, s: Assert) -> None:
     p.emit("}")
 
 
-# Reduction -> OpenMP reduction-identifier, for the Accumulates of a vectorize loop.
-OMP_REDUCTIONS = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 
 
-# A float max or min step that keeps the accumulator when either side is NaN:
-# acc = value > acc ? value : acc, one max instruction.
-ORDERED = {"max": ">", "min": "<"}
 
 
-def _reductions(s: For) -> list[Accumulate]:
-    """The Accumulates of the loop ``s`` into accumulators declared outside it."""
-    declared = {n.buffer for n in walk(s.body) if isinstance(n, DeclBuffer)}
-    return [n for n in walk(s.body) if isinstance(n, Accumulate) and n.buffer not in declared]
 
 
-def _simd(p: _FunctionPrinter, s: For) -> str:
-    """``omp simd``, with a reduction clause for each accumulator the loop updates but
-    does not declare: each lane then keeps a partial result, combined after the loop."""
-    clauses = {}
-    for n in _reductions(s):
-        op = p.table(OMP_REDUCTIONS, n.op, "OMP_REDUCTIONS")
-        clauses[f"reduction({op}:{p.name_of(n.buffer)})"] = None
-    clauses.update({f"reduction(|:{flag})": None for flag in p.nan_flags.values()})
-    return " ".join(["#pragma omp simd", *clauses])
 
 
-def _nan_flags(p: _FunctionPrinter, s: For) -> dict[Buffer, str]:
-    """Declares a NaN flag for each float max or min the vectorize loop ``s`` reduces.
-
-    The NaN-propagating helper would carry the accumulator through a compare, an or of
-    masks and a blend per vector, three times slower than a max instruction on a row in
-    cache. Instead each step is one max, which keeps the accumulator where the value is
-    NaN, and a NaN value sets the flag, an int reduced with | off that chain; after the
-    loop a set flag makes the result NaN (_close_nan_flags). The flag starts set where
-    the accumulator is already NaN: OpenMP's max may drop it when combining the lanes."""
-    flags = {}
-    for n in _reductions(s):
-        if n.op in ORDERED and n.buffer.dtype.is_float and n.buffer not in flags:
-            acc = p.name_of(n.buffer)
-            flags[n.buffer] = p.names.declare((n.buffer, "nan"), f"{acc}_nan")
-            p.emit(f"int32_t {flags[n.buffer]} = {acc} != {acc};")
-    return flags
 
 
-def _close_nan_flags(p: _FunctionPrinter, flags: dict[Buffer, str]) -> None:
-    for buffer, flag in flags.items():
-        p.emit(f"if ({flag}) {p.name_of(buffer)} = NAN;")
 
 
-LOOP_PRAGMAS: dict[str, Callable[[_FunctionPrinter, For], str | None]] = {
-    "serial": lambda p, s: None,
-    "unroll": lambda p, s: (f"#pragma GCC unroll {max(1, min(s.extent.value, UNROLL_CAP))}"
-                            if isinstance(s.extent, Const) else None),
-    "vectorize": _simd,
-}
-
-
-def _for(p: _FunctionPrinter, s: For) -> None:
+def _for(p: CPrinter, s: For) -> None:
     kind = s.kind
     # One level of parallelism (a parallel body runs on one thread), and OpenMP cannot
     # nest simd inside simd.
     if kind in p.special_loops and kind in ("parallel", "vectorize"):
         kind = "serial"
-    if kind == "parallel":
-        _parallel_for(p, s)
-        return
-    if kind == "vectorize" and _nan_flags_needed(s):
-        p.emit("{")
-        p.depth += 1
-        p.names.push()
-        p.nan_flags = _nan_flags(p, s)
-        _loop(p, s, kind)
-        _close_nan_flags(p, p.nan_flags)
-        p.nan_flags = {}
-        p.names.pop()
-        p.depth -= 1
-        p.emit("}")
-    else:
-        _loop(p, s, kind)
+    p.table(p.LOOP_PRINTERS, kind, "LOOP_PRINTERS")(p, s)
 
 
-def _nan_flags_needed(s: For) -> bool:
-    return any(n.op in ORDERED and n.buffer.dtype.is_float for n in _reductions(s))
-
-
-def _loop(p: _FunctionPrinter, s: For, kind: str) -> None:
-    pragma = p.table(LOOP_PRAGMAS, kind, "LOOP_PRAGMAS")(p, s)
+def _loop(p: CPrinter, s: For, pragma: str | None = None, special: str | None = None) -> None:
+    """A C for loop, after ``pragma``; with ``special``, its body printed as that kind of
+    special loop (see CPrinter.special_loop)."""
     if pragma:
         p.emit(pragma)
     extent = p.wrap(s.extent, C_BINARY["<"][1] + 1)  # a select binds looser than <
     p.names.push()
     var = p.names.declare(s.var, s.var.name)
     p.emit(f"for ({p.type(s.var.dtype)} {var} = 0; {var} < {extent}; ++{var}) {{")
-    if kind == "vectorize":
-        label = p.special_loop(s.body, kind)
+    if special:
+        label = p.special_loop(s.body, special)
         p.emit("}")
         p.pass_failure_outward(label)
     else:
@@ -506,85 +390,25 @@ def _loop(p: _FunctionPrinter, s: For, kind: str) -> None:
     p.names.pop()
 
 
-def _parallel_for(p: _FunctionPrinter, s: For) -> None:
-    """The loop's body as a static function of an iteration range, called by the thread
-    pool; what the body uses from outside (scalars by value, buffers by address) travels
-    in a context struct. A value computed without memory (``let i = 128 - i0``) is
-    computed again in the body instead, so the C compiler still sees constants there."""
-    extent = p.text(s.extent)
-    captures = []
-    for key, name in _captured(p, s):
-        value = _recomputable(p, key)
-        if value is not None:
-            captures.append((None, f"const {p.type(key.dtype)} {name} = {p.text(value)};", None))
-        else:
-            captures.append(p.capture(key, name))
-    symbol = f"{c_name(p.func)}__loop{len(p.outlined)}"
-    outer = p.lines, p.depth, p.status_address
-    p.lines, p.depth, p.status_address = [], 1, "treadle_status"
-    p.names.push()
-    var = p.names.declare(s.var, s.var.name)
-    p.emit(f"for ({p.type(s.var.dtype)} {var} = treadle_begin; {var} < treadle_end; ++{var}) {{")
-    label = p.special_loop(s.body, "parallel")
-    p.emit("}")
-    p.names.pop()
-    body = p.lines
-    p.lines, p.depth, p.status_address = outer
-    if label in p.used_labels:
-        captures.append(("int32_t *treadle_status",
-                         "int32_t *treadle_status = treadle_c->treadle_status;",
-                         "&treadle_status"))
-    fields = [field for field, _, _ in captures if field] or ["char unused"]
-    values = ", ".join(value for _, _, value in captures if value) or "0"
-    p.outlined.append("\n".join([
-        f"struct {symbol}_ctx {{", *(f"    {field};" for field in fields), "};", "",
-        f"static void {symbol}(void *treadle_ctx, int64_t treadle_begin, int64_t treadle_end) {{",
-        f"    const struct {symbol}_ctx *treadle_c = treadle_ctx;",
-        *(f"    {local}" for _, local, _ in captures), *body, "}"]))
-    p.emit(f"struct {symbol}_ctx {symbol}_ctx = {{{values}}};")
-    p.emit(f"treadle_parallel_for({extent}, {symbol}, &{symbol}_ctx);")
-    p.pass_failure_outward(label)
+def _unrolled(p: CPrinter, s: For) -> None:
+    pragma = (f"#pragma GCC unroll {max(1, min(s.extent.value, UNROLL_CAP))}"
+              if isinstance(s.extent, Const) else None)
+    _loop(p, s, pragma)
 
 
-def _recomputable(p: _FunctionPrinter, key) -> Expr | None:
-    """The value of a ``let`` that reads no memory (a parallel body computes it again)."""
-    value = p.let_values.get(key)
-    if value is None or any(isinstance(n, (Load, Call)) for n in walk(value)):
-        return None
-    return value
+# Loop kind -> printer. A vectorize loop is serial unless a target vectorises it; a
+# parallel one has no plain C spelling.
+LOOP_PRINTERS: dict[str, Callable] = {
+    "serial": lambda p, s: _loop(p, s),
+    "unroll": _unrolled,
+    "vectorize": lambda p, s: _loop(p, s),
+}
 
 
-def _captured(p: _FunctionPrinter, s: For) -> list[tuple[Var | Buffer, str]]:
-    """The variables and buffers the loop's body uses that are declared outside it, with
-    their C names, each after those its value is computed from where it is computed again
-    (see _parallel_for); the symbols in buffer shapes count as used (the flattened
-    indices multiply by them)."""
-    used: dict = {}
-    for node in walk(s.body):
-        if isinstance(node, Var):
-            used[node] = None
-        buffer = getattr(node, "buffer", None)
-        if isinstance(buffer, Buffer):
-            used.update((v, None) for d in buffer.shape for v in walk(d) if isinstance(v, Var))
-            used[buffer] = None
-    captured: dict = {}
 
-    def visit(key) -> None:
-        name = p.names.lookup(key)
-        if name is None or key in captured:
-            return
-        if isinstance(key, Buffer) and key.rank == 0 and key.scope != "global":
-            raise IRError(f"parallel loop over {s.var.name} uses the scalar {key.name} "
-                          "declared outside it; its iterations would race on it")
-        value = _recomputable(p, key)
-        if value is not None:
-            for node in walk(value):
-                if isinstance(node, Var):
-                    visit(node)
-        captured[key] = name
-    for key in used:
-        visit(key)
-    return list(captured.items())
+
+
+
 
 
 STMT_PRINTERS: dict[type, Callable] = {
@@ -603,7 +427,15 @@ NOT_LOWERED = (ForTask, Barrier)
 
 # ---- one function -----------------------------------------------------------------------
 
-class _FunctionPrinter:
+class CPrinter:
+    """Prints one function; a target subclasses it with tables of its own."""
+    EXPR_PRINTERS: ClassVar[dict] = EXPR_PRINTERS
+    CALL_PRINTERS: ClassVar[dict] = CALL_PRINTERS
+    STMT_PRINTERS: ClassVar[dict] = STMT_PRINTERS
+    LOOP_PRINTERS: ClassVar[dict] = LOOP_PRINTERS
+    PREAMBLE: ClassVar[str] = ""
+    STACK_ALIGNMENT: ClassVar[int] = 16  # bytes local arrays are aligned to
+
     def __init__(self, func: Function, prelude: Prelude):
         self.func = func
         self.prelude = prelude
@@ -613,7 +445,6 @@ class _FunctionPrinter:
         self.messages: list[str] = []
         self.reports_value = False  # an Assert stores its value in fault_symbol
         self.special_loops: list[str] = []  # kinds of the enclosing parallel and simd loops
-        self.nan_flags: dict[Buffer, str] = {}  # of the enclosing simd loop (_nan_flags)
         self.fail_label: str | None = None  # where a failure jumps inside such a loop
         self.status_address = "&treadle_status"  # in an outlined body, a pointer to it
         self.outlined: list[str] = []  # parallel loop bodies, printed before the kernel
@@ -646,25 +477,13 @@ class _FunctionPrinter:
         const = "" if p in self.stored else "const "
         return f"{const}{self.type(p.dtype)} *restrict {self.names.declare(p, p.name)}"
 
-    def capture(self, key: Var | Buffer, name: str) -> tuple[str, str, str]:
-        """(context field, the outlined body's local, value at the call) for ``key``."""
-        if isinstance(key, Var):
-            ctype = self.type(key.dtype)
-            return (f"{ctype} {name}", f"const {ctype} {name} = treadle_c->{name};", name)
-        const = "" if key in self.stored else "const "
-        pointer = f"{const}{self.type(key.dtype)} *"
-        value = f"treadle_c->{name}"
-        if key.scope != "global":  # a stack array of the kernel
-            value = f"__builtin_assume_aligned({value}, {STACK_ALIGNMENT})"
-        return f"{pointer}{name}", f"{pointer}restrict {name} = {value};", name
-
     # ---- output ----
     def emit(self, line: str) -> None:
         self.lines.append("    " * self.depth + line)
 
     def stmt(self, s: Stmt) -> None:
         self.where = s
-        printer = STMT_PRINTERS.get(type(s))
+        printer = self.STMT_PRINTERS.get(type(s))
         if printer is None:
             if isinstance(s, NOT_LOWERED):
                 raise IRError(f"{type(s).__name__} left in the program; lower it first "
@@ -719,7 +538,7 @@ class _FunctionPrinter:
 
     # ---- expressions ----
     def expr(self, e: Expr) -> tuple[str, int]:
-        return self.table(EXPR_PRINTERS, type(e), "EXPR_PRINTERS")(self, e)
+        return self.table(self.EXPR_PRINTERS, type(e), "EXPR_PRINTERS")(self, e)
 
     def text(self, e: Expr) -> str:
         return self.expr(e)[0]

@@ -23,14 +23,14 @@ never fused; they cost nothing as they are.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator
 from treadle.graph.tensor import Tensor
-from treadle.ir.compute import Compute
+from treadle.ir.compute import Compute, reachable
 from treadle.ir.expr import Const, Expr, Load, Select, as_expr
 from treadle.ir.simplify import simplify_expr
-from treadle.schedule.rules import reachable
 
 
 @dataclass(eq=False)
@@ -297,8 +297,9 @@ def partition(graph: Graph) -> list[Group]:
     return _Partitioner(graph).run()
 
 
-def format_partition(groups: list[Group]) -> str:
-    """One line per group: the anchor, then what is fused before and after it."""
+def format_partition(groups: Sequence) -> str:
+    """One line per group (or kernel plan): the anchor, then what is fused before and
+    after it."""
     lines = []
     for k, g in enumerate(groups):
         line = f"{k}: {g.anchor!r}"

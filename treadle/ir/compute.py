@@ -135,3 +135,14 @@ def identity_of(op: str, dtype: DataType) -> Expr:
 def combine(op: str, a: Expr, b: Expr) -> Expr:
     return REDUCERS[op][1](a, b)
 
+
+def reachable(outputs: Sequence[Compute]) -> dict[Buffer, Compute]:
+    """Every compute the outputs read from, by the buffer that names it."""
+    found: dict[Buffer, Compute] = {}
+    stack = list(outputs)
+    while stack:
+        c = stack.pop()
+        if c.buffer not in found:
+            found[c.buffer] = c
+            stack.extend(p for load in c.loads() if (p := producer_of(load.buffer)) is not None)
+    return found

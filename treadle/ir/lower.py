@@ -1,6 +1,7 @@
-"""The lowering pipeline from a hand-written or scheduled program to one ready for C.
+"""The lowering pipeline from a hand-written or scheduled program to one ready for code
+generation, chosen per target (``PIPELINES``, by the target's kind).
 
-Order matters: task mappings become loops first, so that barrier splitting sees plain
+On the CPU, order matters: task mappings become loops first, so that barrier splitting sees plain
 worker loops; simplification runs over the index arithmetic both passes introduce;
 half-precision arithmetic is widened last, so that no simplification folds its rounding casts away.
 """
@@ -14,16 +15,21 @@ from treadle.ir.passes.split_barriers import split_barriers
 from treadle.ir.passes.widen_half import widen_half
 from treadle.ir.stmt import Function
 from treadle.ir.verify import verify
+from treadle.target.cpu import CpuTarget, host
 
-PIPELINE = (lower_mapping, split_barriers, simplify, widen_half)
+# Target kind -> its passes. A CPU worker loop runs its barriers' phases in turn
+# (split_barriers); a target with hardware barriers keeps them.
+PIPELINES = {"cpu": (lower_mapping, split_barriers, simplify, widen_half)}
 
 
-def lower(func: Function) -> Function:
-    """Runs the pipeline, verifying the input and the result (and every step when
-    ``TREADLE_VERIFY=1``), dumping each step under ``TREADLE_DUMP``."""
+def lower(func: Function, target: CpuTarget | None = None) -> Function:
+    """Runs the target's pipeline (the host CPU's by default), verifying the input and the
+    result (and every step when ``TREADLE_VERIFY=1``), dumping each step under
+    ``TREADLE_DUMP``."""
+    pipeline = PIPELINES[(target or host()).kind]
     verify(func)
     dump_text((func.name, "ir", "00_input.txt"), str(func))
-    for step, ir_pass in enumerate(PIPELINE, start=1):
+    for step, ir_pass in enumerate(pipeline, start=1):
         func = ir_pass(func)
         if config.verify:
             verify(func)

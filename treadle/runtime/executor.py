@@ -10,7 +10,7 @@ would otherwise keep a plan for each forever). Each
 calling thread has an arena of its own, kept between its calls, so a compiled model may
 be called from several threads.
 
-The kernels run in one call of the step runner (``runtime.dispatch``) where it is given;
+The kernels run in one call of the step runner (``runtime.step_runner``) where it is given;
 ``profile`` and kernels the runner cannot call go through ctypes one step at a time.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from treadle.graph.tensor import Dim
 from treadle.ir.dtypes import DataType, int64
 from treadle.ir.expr import Expr, Var
 from treadle.ir.functor import evaluate, free_vars
-from treadle.runtime.dispatch import MAX_ARITY, load_runner
+from treadle.runtime.step_runner import MAX_ARITY, load_runner
 from treadle.runtime.module import CompiledFunction
 
 ALIGN = 64
@@ -80,7 +80,7 @@ class Executable:
     def __init__(self, slots: Sequence[Slot], inputs: Sequence[int], outputs: Sequence[int],
                  constants: Mapping[int, np.ndarray], steps: Sequence[Step],
                  runner: Optional[Path] = None):
-        """``runner``: the step runner's shared object (``runtime.dispatch``), or None to
+        """``runner``: the step runner's shared object (``runtime.step_runner``), or None to
         call every kernel from Python."""
         self.slots = tuple(slots)
         self.inputs = tuple(inputs)

@@ -15,7 +15,8 @@ from typing import Sequence
 import numpy as np
 
 from treadle.backend.build import build
-from treadle.backend.c import c_name, fault_symbol, generate, messages_symbol
+from treadle.backend.c import c_name, fault_symbol, messages_symbol
+from treadle.backend.cpu import generate
 from treadle.backend.elf import open_library
 from treadle.config import config
 from treadle.dump import dump_text
@@ -83,7 +84,7 @@ class CompiledFunction:
 
     @property
     def address(self) -> int:
-        """The entry point's address, for the step runner (``runtime.dispatch``)."""
+        """The entry point's address, for the step runner (``runtime.step_runner``)."""
         return ctypes.cast(self._entry, ctypes.c_void_p).value
 
     def _check_overlap(self, arrays: Sequence[np.ndarray]) -> None:

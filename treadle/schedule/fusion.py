@@ -1,14 +1,14 @@
-"""Post-scheduling fusion (Hidet section 4.2): a group's anchor is scheduled alone, by a
-template or by the rules, and its prologues and epilogues are fused into the scheduled
-program afterwards. No schedule knows what is fused into it.
+"""Post-scheduling fusion (Hidet section 4.2): a kernel plan's anchor (``graph.kernel_plan``)
+is scheduled alone, by a template or by the rules, and its prologues and epilogues are
+fused into the scheduled program afterwards. No schedule knows what is fused into it.
 
 * Each load of a tensor a prologue computes becomes the prologue's expression at the
   load's indices (its own inputs inlined in turn), so on the CPU matmul template a
   prologue runs inside the packing of panels, and a convolution's padding or a transpose
   costs index arithmetic only.
 * Each store of the anchor's output becomes a let of the stored value followed by one
-  store per tensor the group writes, each computed from that value by the epilogues.
-  Epilogues read in-group tensors at their own index (see ``graph.partition``), so the
+  store per tensor the plan writes, each computed from that value by the epilogues.
+  Epilogues read in-plan tensors at their own index (see ``graph.partition``), so the
   stored element's indices are theirs, up to the reshapes in between, which map them.
   A padding epilogue shifts the index, and the kernel first fills the padded tensor's
   border, so no padded copy is made.
@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from treadle.errors import TreadleError
 from treadle.graph.operator import Operator
-from treadle.graph.partition import Group, Padding, element_map, is_view, padding_of
+from treadle.graph.kernel_plan import KernelPlan, single
+from treadle.graph.partition import Padding, element_map, is_view, padding_of
 from treadle.graph.tensor import Dim, Tensor
-from treadle.ir.compute import Compute
+from treadle.ir.compute import Compute, reachable
 from treadle.ir.dtypes import index_type
 from treadle.ir.expr import Buffer, Expr, Load, Var, as_expr
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
@@ -35,8 +36,7 @@ from treadle.ir.mapping import ravel, unravel
 from treadle.ir.tabulate import tabulate
 from treadle.ir.simplify import simplify_expr
 from treadle.ir.stmt import Assert, For, Function, Let, Seq, Stmt, Store
-from treadle.schedule.operator import schedule_operator
-from treadle.schedule.rules import Inliner, bound_vars, canonical_names, reachable
+from treadle.schedule.rules import Inliner, Kernel, bound_vars, canonical_names
 
 
 class FusionError(TreadleError):
@@ -45,7 +45,7 @@ class FusionError(TreadleError):
 
 @dataclass(frozen=True)
 class FusedKernel:
-    """A scheduled group: its function's buffer parameters are ``inputs``, ``outputs``,
+    """A scheduled plan: its function's buffer parameters are ``inputs``, ``outputs``,
     then ``workspaces`` (scratch buffers the caller allocates), then symbols."""
     function: Function
     inputs: tuple[Tensor, ...]
@@ -53,18 +53,22 @@ class FusedKernel:
     workspaces: tuple[Buffer, ...]
 
 
-def schedule_group(group: Group, name: str, tune: int = 0) -> list[FusedKernel]:
-    """The kernel of ``group``, or one kernel per operator where fusing is not legal."""
+# Schedules one operator alone into the kernel of the given name (a template's program
+# with the config tuning chose; see compiler.tuned_kernel).
+ScheduleOperator = Callable[[Operator, str], Kernel]
+
+
+def schedule_plan(plan: KernelPlan, name: str, schedule: ScheduleOperator) -> list[FusedKernel]:
+    """The kernel of ``plan``, or one kernel per operator where fusing is not legal."""
     try:
-        return [_fused(group, name, tune)]
+        return [_fused(plan, name, schedule)]
     except FusionError:
-        singles = [Group(op, outputs=list(op.outputs)) for op in group.ops]
-        return [_fused(g, f"{name}_{k}", tune) for k, g in enumerate(singles)]
+        return [_fused(single(op), f"{name}_{k}", schedule) for k, op in enumerate(plan.ops)]
 
 
-def _fused(group: Group, name: str, tune: int) -> FusedKernel:
-    anchor = group.anchor
-    kernel = schedule_operator(anchor, name, tune)
+def _fused(plan: KernelPlan, name: str, schedule: ScheduleOperator) -> FusedKernel:
+    anchor = plan.anchor
+    kernel = schedule(anchor, name)
     func = kernel.function
     buffers = _TensorBuffers()
     params = {b: buffers.of(anchor.inputs[i]) for b, i in zip(func.buffers, kernel.inputs)}
@@ -74,14 +78,14 @@ def _fused(group: Group, name: str, tune: int) -> FusedKernel:
     params.update({c.buffer: buffers.of(t) for c, t in zip(kernel.derived, derived)})
     body = rewrite(func.body, lambda n: replace(n, buffer=params[n.buffer])
                    if isinstance(n, (Load, Store)) and n.buffer in params else None)
-    if group.epilogues:
-        body = _apply_epilogues(body, group, buffers)
+    if plan.epilogues:
+        body = _apply_epilogues(body, plan, buffers)
     # After the epilogues, which may read a prologue's tensor too.
-    body = _inline_prologues(body, group.prologues, buffers)
-    checks = [Assert(cond, message) for op in (*group.prologues, *group.epilogues)
+    body = _inline_prologues(body, plan.prologues, buffers)
+    checks = [Assert(cond, message) for op in (*plan.prologues, *plan.epilogues)
               for cond, message in op.checks]
     body = Seq((*checks, body)) if checks else body
-    return _assemble(name, body, group, buffers, kernel.workspaces, derived)
+    return _assemble(name, body, plan, buffers, kernel.workspaces, derived)
 
 
 def _derived_constants(op: Operator, computes: Sequence[Compute], name: str) -> list[Tensor]:
@@ -105,7 +109,7 @@ class _TensorBuffers:
         return self.by_tensor[id(tensor)]
 
     def value(self, op: Operator, substitutes: dict[int, Expr] | None = None) -> Expr:
-        """The expression of ``op``'s single output over its axes, reading group buffers;
+        """The expression of ``op``'s single output over its axes, reading plan buffers;
         loads of the tensors in ``substitutes`` (at the output's own index) become those
         expressions."""
         out = op.definition[0]
@@ -137,17 +141,17 @@ def _inline_prologues(body: Stmt, prologues: Sequence[Operator], buffers: _Tenso
     return rewrite(body, expand)
 
 
-def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
-    anchor = group.anchor.outputs[0]
-    fresh = _fresh_names(group)
+def _apply_epilogues(body: Stmt, plan: KernelPlan, buffers: _TensorBuffers) -> Stmt:
+    anchor = plan.anchor.outputs[0]
+    fresh = _fresh_names(plan)
     stored = Var(next(fresh), anchor.dtype)  # stands for the value the anchor stores
-    axes = group.anchor.definition[0].axes
-    # Every in-group tensor: its element (value and index, over the anchor's axes) that
+    axes = plan.anchor.definition[0].axes
+    # Every in-plan tensor: its element (value and index, over the anchor's axes) that
     # the anchor's element at ``axes`` gives.
     values: dict[int, Expr] = {id(anchor): stored}
     index_of: dict[int, tuple[Expr, ...]] = {id(anchor): axes}
     borders = []
-    for op in group.epilogues:
+    for op in plan.epilogues:
         out, padding = op.outputs[0], padding_of(op)
         if is_view(op) or padding is not None:  # the same value, at another index
             source = op.inputs[0]
@@ -165,7 +169,7 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
                    for load in op.definition[0].loads()
                    if id(tensor_of.get(load.buffer)) in values}
         if len(indices) != 1:
-            raise FusionError(f"{op.name!r} combines elements of different in-group indices")
+            raise FusionError(f"{op.name!r} combines elements of different in-plan indices")
         index = indices.pop()
         value = buffers.value(op, values)
         values[id(out)] = substitute(value, dict(zip(op.definition[0].axes, index)))
@@ -174,15 +178,15 @@ def _apply_epilogues(body: Stmt, group: Group, buffers: _TensorBuffers) -> Stmt:
 
     def visit(node):
         if isinstance(node, Load) and node.buffer == target:
-            raise FusionError(f"the schedule of {group.anchor.name!r} reads its output back")
+            raise FusionError(f"the schedule of {plan.anchor.name!r} reads its output back")
         if not (isinstance(node, Store) and node.buffer == target):
             return None
         if node.lanes != 1:
-            raise FusionError(f"the schedule of {group.anchor.name!r} stores vectors")
+            raise FusionError(f"the schedule of {plan.anchor.name!r} stores vectors")
         var = Var(next(fresh), anchor.dtype)
         env = {**dict(zip(axes, node.indices)), stored: var}
         writes = [Store(buffers.of(t), tuple(substitute(i, env) for i in index_of[id(t)]),
-                        substitute(values[id(t)], env)) for t in group.outputs]
+                        substitute(values[id(t)], env)) for t in plan.outputs]
         return Seq((Let(var, node.value), *writes))
     return Seq((*borders, rewrite(body, visit)))
 
@@ -195,10 +199,10 @@ def _view_index(index: Sequence[Expr], source: Sequence[Dim], out: Sequence[Dim]
     return tuple(as_expr(i) for i in unravel(flat, out)) if out else ()
 
 
-def _fresh_names(group: Group) -> Iterator[str]:
+def _fresh_names(plan: KernelPlan) -> Iterator[str]:
     """Names for the kernel's own variables. A variable is its name, so none may be a
-    symbol of the group's shapes (a model's dimension may well be called b0)."""
-    taken = {v.name for op in group.ops for t in (*op.inputs, *op.outputs) if t is not None
+    symbol of the plan's shapes (a model's dimension may well be called b0)."""
+    taken = {v.name for op in plan.ops for t in (*op.inputs, *op.outputs) if t is not None
              for d in t.shape for v in free_vars(as_expr(d))}
     return (f"t{k}" for k in itertools.count() if f"t{k}" not in taken)
 
@@ -230,27 +234,27 @@ def _fill_border(buffer: Buffer, inner: Sequence[Dim], padding: Padding,
 
 def _index_through(load: Load, c: Compute, source: tuple[Expr, ...]) -> tuple[Expr, ...]:
     """The index of ``c``'s element that reads, through ``load``, the element of an
-    in-group tensor at index ``source`` (``graph.partition.element_map``)."""
+    in-plan tensor at index ``source`` (``graph.partition.element_map``)."""
     return tuple(as_expr(0) if k is None else source[k] for k in element_map(load, c))
 
 
-def _assemble(name: str, body: Stmt, group: Group, buffers: _TensorBuffers,
+def _assemble(name: str, body: Stmt, plan: KernelPlan, buffers: _TensorBuffers,
               workspaces: tuple[Buffer, ...], derived: Sequence[Tensor]) -> FusedKernel:
     """The function with its parameters in kernel order and canonical names."""
     used = {n.buffer for n in walk(body) if isinstance(n, (Load, Store))}
-    produced = {id(t) for op in group.ops for t in op.outputs}
+    produced = {id(t) for op in plan.ops for t in op.outputs}
     inputs: dict[int, Tensor] = {}
-    for op in group.ops:
+    for op in plan.ops:
         for t in op.inputs:
             if t is not None and id(t) not in produced and buffers.of(t) in used:
                 inputs.setdefault(id(t), t)
     inputs.update((id(t), t) for t in derived)
     params: list = [buffers.of(t) for t in inputs.values()]
-    params += [buffers.of(t) for t in group.outputs] + list(workspaces)
+    params += [buffers.of(t) for t in plan.outputs] + list(workspaces)
     symbols = {v for p in params for d in p.shape for v in free_vars(d)}
     symbols |= free_vars(body) - bound_vars(body)
     function = Function(name, (*params, *sorted(symbols, key=lambda v: v.name)), body)
-    function = canonical_names(function, len(inputs), len(group.outputs))
-    count = len(inputs) + len(group.outputs)
-    return FusedKernel(function, tuple(inputs.values()), tuple(group.outputs),
+    function = canonical_names(function, len(inputs), len(plan.outputs))
+    count = len(inputs) + len(plan.outputs)
+    return FusedKernel(function, tuple(inputs.values()), tuple(plan.outputs),
                        function.buffers[count:])

@@ -1,53 +1,88 @@
-"""Which schedule an operator gets: a template when its compute definition matches one
-(GEMM, then sliding window), otherwise the rule-based schedule. Templates recognise
-computes, not operator names, except for operators that only exist as the input format of
-one algorithm (Winograd convolution), which bring their own. ``tune`` is the tuning level
-of template configurations (see ``treadle.tune``): 0 takes the analytic default, 1 and 2
-measure a small or the full space, or replay a record."""
+"""Which template schedules an operator, per target: the first in the target's table whose
+``match`` takes it. Templates recognise computes, not operator names, except for
+operators that only exist as the input of one algorithm (Winograd convolution) or whose
+kernel does what a compute definition cannot (fail per element); the rule-based schedule
+takes every operator and comes last.
+
+Choosing a config is tuning's business (``treadle.tune``); ``schedule_operator`` takes the
+level-0 point, for callers that tune nothing.
+"""
 from __future__ import annotations
+
+from typing import Any
 
 from treadle.graph.operator import Operator
 from treadle.schedule.rules import Kernel, schedule_computes
-from treadle.graph.tensor import normalize_dim
+from treadle.schedule.template import FixedTemplate, Template, default_point
+from treadle.schedule.templates.gemm import GEMM
 from treadle.schedule.templates.index_check import schedule_index_check
-from treadle.schedule.templates.matmul_cpu import (GemmPattern, match_gemm_output,
-                                                   schedule_gemm, with_constants)
 from treadle.schedule.templates.window_cpu import match_window, schedule_window
 from treadle.schedule.templates.winograd_cpu import schedule_winograd
-from treadle.tune.exhaustive import tune_gemm
+from treadle.target.cpu import CpuTarget, host
 
 
-# Below this many output columns a GEMM tile is mostly padding (depthwise convolution,
-# matrix-vector products); the window template or the rule-based loops serve those better.
-MIN_GEMM_COLUMNS = 8
+class OwnTemplate(FixedTemplate):
+    """The kernel of the one operator type that brings it."""
+    op_type = ""
+
+    def match(self, op: Operator) -> Operator | None:
+        return op if op.op_type == self.op_type else None
 
 
-# Operators that exist as the input of one algorithm, or whose kernel does what a compute
-# definition cannot (fail per element), bring their template.
-OWN_TEMPLATES = {"WinogradConv": schedule_winograd, "CheckIndices": schedule_index_check}
+class WinogradTemplate(OwnTemplate):
+    name, op_type = "winograd", "WinogradConv"
+
+    def emit(self, resolved, name: str) -> Kernel:
+        return schedule_winograd(resolved.pattern, name, resolved.target)
 
 
-def schedule_operator(op: Operator, name: str, tune: int = 0) -> Kernel:
-    if op.op_type in OWN_TEMPLATES:
-        return OWN_TEMPLATES[op.op_type](op, name)
-    if len(op.definition) == 1:
-        pattern = match_gemm_output(op.definition[0])
-        if pattern is not None and _wide_enough(pattern):
-            pattern = with_constants(pattern, op.constant_inputs)
-            cfg = tune_gemm(name, op.input_buffers, pattern, tune)
-            return schedule_gemm(name, op.input_buffers, pattern, cfg, op.checks)
-        window = match_window(op.definition[0])
-        if window is not None:
-            return schedule_window(name, op.input_buffers, window, op.checks)
-    return schedule_computes(name, op.input_buffers, op.definition, op.checks)
+class IndexCheckTemplate(OwnTemplate):
+    name, op_type = "index_check", "CheckIndices"
+
+    def emit(self, resolved, name: str) -> Kernel:
+        return schedule_index_check(resolved.pattern, name)
 
 
-def _wide_enough(pattern: GemmPattern) -> bool:
-    c = pattern.compute
-    columns = 1
-    for axis in pattern.n_axes:
-        dim = normalize_dim(c.shape[c.axes.index(axis)])
-        if not isinstance(dim, int):
-            return True
-        columns *= dim
-    return columns >= MIN_GEMM_COLUMNS
+class WindowTemplate(FixedTemplate):
+    name = "window"
+
+    def match(self, op: Operator):
+        window = match_window(op.definition[0]) if len(op.definition) == 1 else None
+        return None if window is None else (op, window)
+
+    def emit(self, resolved, name: str) -> Kernel:
+        op, window = resolved.pattern
+        return schedule_window(name, op.input_buffers, window, op.checks)
+
+
+class RulesTemplate(FixedTemplate):
+    name = "rules"
+
+    def match(self, op: Operator) -> Operator:
+        return op
+
+    def emit(self, resolved, name: str) -> Kernel:
+        op = resolved.pattern
+        return schedule_computes(name, op.input_buffers, op.definition, op.checks)
+
+
+TEMPLATES: dict[str, tuple[Template, ...]] = {
+    "cpu": (WinogradTemplate(), IndexCheckTemplate(), GEMM, WindowTemplate(), RulesTemplate()),
+}
+
+
+def select_template(op: Operator, target: CpuTarget) -> tuple[Template, Any]:
+    """The template that schedules ``op`` on ``target``, and what it matched."""
+    for template in TEMPLATES[target.kind]:
+        pattern = template.match(op)
+        if pattern is not None:
+            return template, pattern
+    raise AssertionError("the rule-based template takes every operator")
+
+
+def schedule_operator(op: Operator, name: str, target: CpuTarget | None = None) -> Kernel:
+    """``op``'s kernel at the level-0 point of its template."""
+    target = target or host()
+    template, pattern = select_template(op, target)
+    _, resolved = default_point(template, pattern, target)
+    return template.emit(resolved, name)

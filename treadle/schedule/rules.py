@@ -23,7 +23,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Collection, Sequence
 
-from treadle.ir.compute import Compute, identity_of, producer_of
+from treadle.ir.compute import Compute, identity_of, producer_of, reachable
 from treadle.ir.expr import Buffer, Call, Const, Expr, Load, Var, as_expr
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.mapping import unravel
@@ -121,18 +121,6 @@ def bound_vars(stmt: Stmt) -> set[Var]:
         elif isinstance(n, ForTask):
             bound.update(n.vars)
     return bound
-
-
-def reachable(outputs: Sequence[Compute]) -> dict[Buffer, Compute]:
-    """Every compute the outputs read from, by the buffer that names it."""
-    found: dict[Buffer, Compute] = {}
-    stack = list(outputs)
-    while stack:
-        c = stack.pop()
-        if c.buffer not in found:
-            found[c.buffer] = c
-            stack.extend(p for load in c.loads() if (p := producer_of(load.buffer)) is not None)
-    return found
 
 
 # Calls that cost more than storing and reloading their result in cache.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from treadle.config import config
 
@@ -25,6 +26,7 @@ DEFAULT_CACHES = {1: 32 * 1024, 2: 512 * 1024, 3: 8 * 1024 * 1024}
 
 @dataclass(frozen=True)
 class CpuTarget:
+    kind: ClassVar[str] = "cpu"  # names the target's templates and lowering pipeline
     features: tuple[str, ...]
     l1d_bytes: int
     l2_bytes: int

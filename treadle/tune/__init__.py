@@ -1,9 +1,9 @@
-"""Schedule tuning: hardware-centric spaces, parallel measurement, on-disk records.
+"""Schedule tuning through the template protocol: parallel measurement, on-disk records.
 
-    from treadle.tune import gemm_space, tune_gemm
-    cfg = tune_gemm(name, inputs, pattern, level=1)   # served from records when present
+    from treadle.tune import choose
+    choice = choose(template, pattern, name, level=1)   # served from records when present
+    kernel = choice.template.emit(choice.resolved, name)
 """
-from treadle.tune.exhaustive import tune_gemm
-from treadle.tune.space import check_gemm_config, gemm_space
+from treadle.tune.exhaustive import Choice, choose
 
-__all__ = ["check_gemm_config", "gemm_space", "tune_gemm"]
+__all__ = ["Choice", "choose"]

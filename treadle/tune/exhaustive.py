@@ -1,92 +1,96 @@
-"""Exhaustive tuning of the GEMM template: measure every point of the level's space.
+"""Exhaustive tuning through the template protocol: measure every distinct point of the
+level's space.
 
-Level 0 measures nothing: it is the space's one analytic point. Levels 1 and 2 look up a
-record first; without one, every point is scheduled (points the template rejects with
-ScheduleConfigError are skipped), points that schedule to the same IR are measured once,
-and the fastest is stored, unless it beats the analytic default by less than MARGIN: on
-a shared machine two measurements of one kernel differ by more than that, and a point
-that won by noise is often slower in the model. Points that fail to build, crash or hang
-are logged and left out; when every point fails, the analytic default stands.
+Level 0 measures nothing: it is the space's first point the template accepts. Levels 1
+and 2 look up a record first; without one, every point of the space is checked and
+resolved (points the template rejects with ScheduleConfigError are skipped), points that
+resolve alike are one candidate (equal resolved values generate equal programs, so no IR
+is generated to find them), and only the distinct ones are generated and measured. The
+fastest is stored, unless it beats the level-0 point by less than MARGIN: on a shared
+machine two measurements of one kernel differ by more than that, and a point that won
+by noise is often slower in the model. Points that fail to build, crash or hang are
+logged and left out; when every point fails, the level-0 point stands.
 """
 from __future__ import annotations
 
 import logging
 import os
 import sys
-from dataclasses import replace
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from treadle.errors import ScheduleConfigError
-from treadle.ir.expr import Buffer
-from treadle.ir.stmt import Function
-from treadle.schedule.templates.matmul_cpu import GemmConfig, GemmPattern, schedule_gemm
+from treadle.schedule.template import Template, default_point, valid_points
 from treadle.target.cpu import CpuTarget, host
 from treadle.tune.measure import measure_functions
 from treadle.tune.records import Record, load_record, store_record, workload_text
-from treadle.tune.space import gemm_space
 
 log = logging.getLogger(__name__)
 
-MARGIN = 0.95  # a measured point replaces the analytic default when at least 5% faster
+LEVELS = (0, 1, 2)
+MARGIN = 0.95  # a measured point replaces the level-0 point when at least 5% faster
 
 
-def tune_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPattern, level: int,
-              target: CpuTarget | None = None) -> GemmConfig:
-    """The best GEMM configuration for this workload at ``level`` (0, 1 or 2)."""
+@dataclass(frozen=True)
+class Choice:
+    """A template's config for one operator, what it resolved to, and where it came from:
+    "default" (the level-0 point), "record" (a stored tuning) or "measured"."""
+    template: Template
+    config: Any
+    resolved: Any
+    source: str
+
+
+def choose(template: Template, pattern: Any, name: str, level: int,
+           target: CpuTarget | None = None) -> Choice:
+    """The config of ``template`` for ``pattern`` at tuning ``level`` (0, 1 or 2)."""
+    if level not in LEVELS:
+        raise ValueError(f"tuning level {level!r}: expected one of {LEVELS}")
     target = target or host()
+    default = Choice(template, *default_point(template, pattern, target), "default")
     if level == 0:
-        return default_gemm_config(name, inputs, pattern, target)
-    workload = workload_text(inputs, pattern, level, target)
-    # A record the template rejects (edited, or damaged into valid JSON) is tuned afresh.
-    record = load_record(workload, lambda cfg: schedule_gemm(name, inputs, pattern, cfg))
+        return default
+    points = distinct_points(template, pattern, level, target, first=default)
+    if len(points) < 2:
+        return default
+    workload = workload_text(template, pattern, level, target)
+    record = load_record(workload, template, pattern, target)
     if record is not None:
-        return record.config
-    candidates = _schedulable(name, inputs, pattern, gemm_space(level, target))
-    timings = _measure(name, candidates)
-    measured = [(cfg, t) for cfg, t in timings if t is not None]
+        return Choice(template, record.config, template.resolve(pattern, record.config, target),
+                      "record")
+    timings = _measure(template, name, points)
+    measured = [(p, t) for p, t in zip(points, timings) if t is not None]
     if not measured:
-        log.warning("tuning %s: every candidate failed; using the analytic default", name)
-        return default_gemm_config(name, inputs, pattern, target)
-    best, fastest = min(measured, key=lambda item: item[1])
-    default = default_gemm_config(name, inputs, pattern, target)
-    default_time = next((t for cfg, t in measured if cfg == default), None)
+        log.warning("tuning %s: every candidate failed; using the level-0 point", name)
+        return default
+    (config, resolved), fastest = min(measured, key=lambda item: item[1])
+    default_time = timings[0]  # the level-0 point comes first
     if default_time is not None and fastest > MARGIN * default_time:
-        best = default
-    store_record(Record(workload, best, tuple(timings)))
-    return best
+        config, resolved = default.config, default.resolved
+    store_record(Record(workload, config, resolved.config,
+                        tuple((c, t) for (c, _), t in zip(points, timings))))
+    return Choice(template, config, resolved, "measured")
 
 
-def default_gemm_config(name: str, inputs: Sequence[Buffer | None], pattern: GemmPattern,
-                        target: CpuTarget) -> GemmConfig:
-    """The level-0 point, or the template's own default where the template rejects it."""
-    candidates = _schedulable(name, inputs, pattern, gemm_space(0, target))
-    return candidates[0][0] if candidates else GemmConfig()
+def distinct_points(template: Template, pattern: Any, level: int, target: CpuTarget,
+                    first: Choice | None = None) -> list[tuple[Any, Any]]:
+    """(config, resolved) of the level's space, one per distinct resolved value (the
+    first config that reaches it), with ``first``'s point ahead of the others."""
+    points = valid_points(template, pattern, template.space(pattern, level, target), target)
+    if first is not None:
+        points.insert(0, (first.config, first.resolved))
+    unique: dict[Any, Any] = {}
+    for config, resolved in points:
+        unique.setdefault(resolved, config)
+    return [(config, resolved) for resolved, config in unique.items()]
 
 
-def _schedulable(name, inputs, pattern, space) -> list[tuple[GemmConfig, Function]]:
-    found = []
-    for cfg in space:
-        try:
-            found.append((cfg, schedule_gemm(name, inputs, pattern, cfg).function))
-        except ScheduleConfigError as err:
-            log.debug("tuning %s: skipping %s (%s)", name, cfg, err)
-    return found
-
-
-def _measure(name: str, candidates: list[tuple[GemmConfig, Function]]
-             ) -> list[tuple[GemmConfig, float | None]]:
-    """Times each candidate; configurations scheduled to the same IR share one timing."""
-    unique: dict[Function, int] = {}
-    for _, function in candidates:
-        unique.setdefault(replace(function, name=""), len(unique))
-    functions = list(unique)
-    labels = {}
-    for cfg, function in candidates:
-        labels.setdefault(unique[replace(function, name="")], f"of {name} ({cfg})")
+def _measure(template: Template, name: str, points: list[tuple[Any, Any]]
+             ) -> list[float | None]:
+    """Median seconds of each point's program (None where it failed)."""
+    functions = [template.emit(resolved, name).function for _, resolved in points]
+    labels = [f"of {name} ({config})" for config, _ in points]
     with _progress(len(functions), name) as bar:
-        seconds = measure_functions(functions, progress=bar.update,
-                                    labels=[labels[k] for k in range(len(functions))])
-    return [(cfg, seconds[unique[replace(function, name="")]]) for cfg, function in candidates]
+        return measure_functions(functions, progress=bar.update, labels=labels)
 
 
 def _progress(total: int, name: str):

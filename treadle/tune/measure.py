@@ -33,7 +33,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from treadle.backend.build import build_many
-from treadle.backend.c import generate
+from treadle.backend.cpu import generate
 from treadle.config import config
 from treadle.errors import CompileError
 from treadle.ir.expr import Buffer, Var

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.harness import assert_close, random_array
+from tests.harness import assert_close, random_array, run_graph
 from treadle.compiler import compile_graph
 from treadle.errors import DTypeError, KernelError, ShapeError
 from treadle.graph.graph import Graph
@@ -36,16 +36,12 @@ BINARY_REFERENCE = {
 }
 
 
-def run(inputs, outputs, *arrays):
-    return compile_graph(Graph.from_outputs(inputs, outputs))(*arrays)
-
-
 def test_unary_ops_in_one_graph():
     x = Tensor("x", "float32", [3, 37])
     outs = [apply(op, [x], name=op.lower())[0] for op in UNARY_REFERENCE]
     value = random_array((3, 37), seed=1, low=-3, high=3)
     value[0, :3] = [0.5, -0.0, 1e-3]
-    results = run([x], outs, value)
+    results = run_graph([(x, value)], outs)
     for op, result in zip(UNARY_REFERENCE, results):
         if op in DOMAIN:
             continue
@@ -58,7 +54,7 @@ def test_unary_ops_in_one_graph():
 def test_domain_restricted_unary_ops(op):
     x = Tensor("x", "float32", [61])
     value = DOMAIN[op](random_array((61,), seed=2, low=-4, high=4))
-    (result,) = run([x], [apply(op, [x])[0]], value)
+    (result,) = run_graph([(x, value)], [apply(op, [x])[0]])
     assert_close(result, UNARY_REFERENCE[op](value), context=op)
 
 
@@ -68,7 +64,7 @@ def test_binary_ops_broadcast(shapes):
     outs = [apply(op, [a, b], name=op)[0] for op in BINARY_REFERENCE]
     va = random_array(shapes[0], seed=3)
     vb = random_array(shapes[1], seed=4) + 2.0
-    for op, result in zip(BINARY_REFERENCE, run([a, b], outs, va, vb)):
+    for op, result in zip(BINARY_REFERENCE, run_graph([(a, va), (b, vb)], outs)):
         assert_close(result, BINARY_REFERENCE[op](va, vb), context=op)
 
 
@@ -78,7 +74,7 @@ def test_pow_by_a_known_exponent(exponent):
     x = Tensor("x", "float32", [97])
     y = apply("Pow", [x, constant(np.float32(exponent))])[0]
     value = random_array((97,), seed=5, low=0.1, high=3)
-    (result,) = run([x], [y], value)
+    (result,) = run_graph([(x, value)], [y])
     assert_close(result, np.power(value, np.float32(exponent)), context=f"x ** {exponent}")
     uses_pow = "pow" in str(compile_graph(Graph.from_outputs([x], [y])).steps[0].kernel.function)
     assert uses_pow == (exponent not in (1.0, 2.0, 3.0, 4.0))
@@ -142,7 +138,7 @@ def test_integer_ops_follow_onnx():
     vb = np.array([2, 2, -2, -2, 3, 5], np.int64)
     div, mod, fmod = (apply("Div", [a, b])[0], apply("Mod", [a, b])[0],
                       apply("Mod", [a, b], {"fmod": 1})[0])
-    got = run([a, b], [div, mod, fmod], va, vb)
+    got = run_graph([(a, va), (b, vb)], [div, mod, fmod])
     np.testing.assert_array_equal(got[0], np.trunc(va / vb).astype(np.int64))
     np.testing.assert_array_equal(got[1], np.mod(va, vb))
     np.testing.assert_array_equal(got[2], np.fmod(va, vb))
@@ -158,7 +154,7 @@ def test_where_cast_clip_and_variadic():
             apply("Mean", [x, y])[0]]
     vc = np.array([[True], [False], [True], [False], [True]])
     vx, vy = random_array((5, 3), seed=7, low=-3, high=3), random_array((3,), seed=8)
-    got = run([c, x, y], outs, vc, vx, vy)
+    got = run_graph([(c, vc), (x, vx), (y, vy)], outs)
     assert_close(got[0], np.where(vc, vx, vy))
     np.testing.assert_array_equal(got[1], vx.astype(np.int64))
     assert_close(got[2], np.clip(vx, -0.5, 0.25))
@@ -196,7 +192,7 @@ def test_max_min_relu_and_clip_propagate_nan():
     outs = [apply("Max", [a, b])[0], apply("Max", [b, a, c])[0], apply("Min", [a, b])[0],
             apply("Min", [c, b, a])[0], apply("Relu", [a])[0],
             apply("Clip", [b, constant(np.float32(-1)), constant(np.float32(1))])[0]]
-    got = run([a, b, c], outs, va, vb, vc)
+    got = run_graph([(a, va), (b, vb), (c, vc)], outs)
     refs = [np.maximum(va, vb), np.maximum(np.maximum(vb, va), vc), np.minimum(va, vb),
             np.minimum(np.minimum(vc, vb), va), np.maximum(va, 0), np.clip(vb, -1, 1)]
     for k, (actual, ref) in enumerate(zip(got, refs)):

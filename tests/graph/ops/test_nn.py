@@ -5,7 +5,7 @@ with a symbolic dimension, compiled once and called at two sizes."""
 import numpy as np
 import pytest
 
-from tests.harness import assert_close, random_array, run_onnxruntime
+from tests.harness import assert_close, random_array, run_graph, run_onnxruntime
 from treadle.compiler import compile_graph
 from treadle.errors import DTypeError, KernelError, ShapeError, UnsupportedOpError
 from treadle.graph.graph import Graph
@@ -30,11 +30,6 @@ def ort_run(op, arrays, attrs, opset=17):
     return run_onnxruntime(model, dict(zip(names, arrays)))[0]
 
 
-def run(pairs, outputs):
-    graph = Graph.from_outputs([t for t, _ in pairs], outputs)
-    return compile_graph(graph)(*[a for _, a in pairs])
-
-
 def check_against_ort(op, cases, dtype="float32", opset=17):
     """Each case (input shapes, attributes) as one node of a single graph, compared with
     ONNX Runtime."""
@@ -45,7 +40,7 @@ def check_against_ort(op, cases, dtype="float32", opset=17):
         pairs += zip(tensors, arrays)
         outputs.append(apply(op, tensors, attrs)[0])
         refs.append(ort_run(op, arrays, attrs, opset))
-    for (shapes, attrs), actual, ref in zip(cases, run(pairs, outputs), refs):
+    for (shapes, attrs), actual, ref in zip(cases, run_graph(pairs, outputs), refs):
         assert_close(actual, ref, reduction=int(np.prod(shapes[-1][1:])),
                      context=f"{op} {shapes} {attrs}")
 
@@ -73,7 +68,7 @@ def test_softmax_family():
         for op, ref in (("Softmax", _softmax), ("LogSoftmax", _log_softmax)):
             outputs.append(apply(op, [t], {"axis": axis})[0])
             refs.append((ref(x.astype(np.float64), axis), f"{op} {shape} axis={axis}"))
-    for actual, (ref, context) in zip(run(pairs, outputs), refs):
+    for actual, (ref, context) in zip(run_graph(pairs, outputs), refs):
         assert_close(actual, ref.astype(np.float32), context=context)
 
 
@@ -115,7 +110,7 @@ def test_layer_normalization():
                          output_names=["y", "mean", "inv"])
         y, mean, inv = _layer_norm(x.astype(np.float64), scale, bias, axis, 1e-3)
         refs += [y, mean, inv]
-    for actual, ref in zip(run(pairs, outputs), refs):
+    for actual, ref in zip(run_graph(pairs, outputs), refs):
         assert_close(actual, ref.astype(np.float32))
 
 
@@ -174,7 +169,7 @@ def test_lp_normalization_hardmax_dropout():
             apply("Hardmax", [tt], {})[0],
             apply("Hardmax", [tt], {"axis": 0})[0],
             *apply("Dropout", [t, constant(np.float32(0.5))], {}, output_names=["y", "mask"])]
-    l1, l2, hard_last, hard_first, dropped, mask = run([(t, x), (tt, ties)], outs)
+    l1, l2, hard_last, hard_first, dropped, mask = run_graph([(t, x), (tt, ties)], outs)
     wide = x.astype(np.float64)
     assert_close(l1, (wide / np.abs(wide).sum(0, keepdims=True)).astype(np.float32))
     assert_close(l2, (wide / np.sqrt((wide ** 2).sum(1, keepdims=True))).astype(np.float32))
@@ -193,7 +188,7 @@ def test_lrn():
     # ONNX Runtime takes odd sizes only; an even window reaches one more channel above.
     x = random_array((1, 6, 2), seed=3)
     t = Tensor("x", "float32", x.shape)
-    y, = run([(t, x)], apply("LRN", [t], {"size": 4, "alpha": 0.5}))
+    y, = run_graph([(t, x)], apply("LRN", [t], {"size": 4, "alpha": 0.5}))
     padded = np.pad(x.astype(np.float64) ** 2, ((0, 0), (1, 2), (0, 0)))
     squares = sum(padded[:, k:k + 6] for k in range(4))
     assert_close(y, (x / (1.0 + 0.5 / 4 * squares) ** 0.75).astype(np.float32))
@@ -218,7 +213,7 @@ def test_matmul():
         pairs += [(ta, a), (tb, b)]
         outputs.append(apply("MatMul", [ta, tb])[0])
         refs.append((np.matmul(a.astype(np.float64), b), 1, name))
-    for actual, (ref, k, context) in zip(run(pairs, outputs), refs):
+    for actual, (ref, k, context) in zip(run_graph(pairs, outputs), refs):
         assert_close(actual, ref.astype(actual.dtype), reduction=k, context=context)
 
 
@@ -382,5 +377,5 @@ def test_max_pools_propagate_nan(batch):
     outs = [apply("MaxPool", [t], {"kernel_shape": [3, 3], "strides": [s, s], "pads": [1] * 4})[0]
             for s in (1, 2)] + [apply("GlobalMaxPool", [t])[0]]
     refs = [_max_pool_reference(x, 3, s, 1) for s in (1, 2)] + [x.max(axis=(2, 3), keepdims=True)]
-    for k, (actual, ref) in enumerate(zip(run([(t, x)], outs), refs)):
+    for k, (actual, ref) in enumerate(zip(run_graph([(t, x)], outs), refs)):
         np.testing.assert_array_equal(actual, ref, err_msg=f"output {k}")

@@ -4,7 +4,7 @@ sizes, ArgMax/ArgMin with ties, and bad axes. Many cases share one compiled grap
 import numpy as np
 import pytest
 
-from tests.harness import assert_close, random_array
+from tests.harness import assert_close, random_array, run_graph
 from treadle.compiler import compile_graph
 from treadle.errors import ShapeError, UnsupportedOpError
 from treadle.graph.graph import Graph
@@ -43,13 +43,6 @@ CASES = [
 ]
 
 
-def run(pairs, outputs):
-    """Compiles a graph of ``outputs`` over the input tensors of ``pairs`` and runs it on
-    their arrays."""
-    graph = Graph.from_outputs([t for t, _ in pairs], outputs)
-    return compile_graph(graph)(*[a for _, a in pairs])
-
-
 def _input(op, shape, seed):
     # Prod and LogSum want positive values near 1 (no overflow, defined logarithm).
     low, high = (0.5, 1.5) if op in ("ReduceProd", "ReduceLogSum") else (-3.0, 3.0)
@@ -71,7 +64,7 @@ def test_reduce_family(axes_as_input):
             outputs.append(y)
             ref = reference(x.astype(np.float64), tuple(axes), bool(keepdims))
             expected.append((f"{op} {shape} axes={axes} keepdims={keepdims}", ref, shape))
-    for actual, (context, ref, shape) in zip(run(pairs, outputs), expected):
+    for actual, (context, ref, shape) in zip(run_graph(pairs, outputs), expected):
         assert_close(actual, ref.astype(np.float32), reduction=max(shape), context=context)
 
 
@@ -86,7 +79,7 @@ def test_default_and_empty_axes():
             apply("ReduceSum", [t, empty], {"noop_with_empty_axes": 1})[0],
             apply("ReduceSumSquare", [t, empty], {"noop_with_empty_axes": 1})[0],
             apply("ReduceMean", [t, empty], {"keepdims": 0})[0]]
-    total, high, same, squares, mean = run([(t, x)], outs)
+    total, high, same, squares, mean = run_graph([(t, x)], outs)
     assert_close(total, np.float32(x.astype(np.float64).sum()), reduction=21)
     assert_close(high, x.max(keepdims=True))
     assert_close(same, x)
@@ -99,7 +92,7 @@ def test_log_sum_exp_is_stable():
     x[1] = -np.inf  # a row with an infinite maximum must not become NaN
     x[1, 3] = 700.0
     t = Tensor("x", "float32", x.shape)
-    y, = run([(t, x)], apply("ReduceLogSumExp", [t], {"axes": [1], "keepdims": 0}))
+    y, = run_graph([(t, x)], apply("ReduceLogSumExp", [t], {"axes": [1], "keepdims": 0}))
     assert_close(y, _lse(x.astype(np.float64), 1, False).astype(np.float32))
 
 
@@ -111,7 +104,7 @@ def test_half_precision_accumulates_in_float32():
     wide = x.astype(np.float64)
     refs = [wide.sum(1, keepdims=True), wide.mean(1, keepdims=True),
             np.sqrt((wide * wide).sum(1, keepdims=True))]
-    for actual, ref in zip(run([(t, x)], outs), refs):
+    for actual, ref in zip(run_graph([(t, x)], outs), refs):
         assert_close(actual, ref.astype(np.float16))
 
 
@@ -124,7 +117,7 @@ def test_integer_reductions():
             apply("ReduceMin", [t], {"axes": [1], "keepdims": 0})[0],
             apply("ReduceProd", [s], {"axes": [1], "keepdims": 0})[0],
             apply("ReduceL1", [t], {"axes": [0, 1], "keepdims": 0})[0]]
-    got = run([(t, x), (s, small)], outs)
+    got = run_graph([(t, x), (s, small)], outs)
     refs = [x.sum(0, keepdims=True), x.max(1), x.min(1), small.prod(1), np.abs(x).sum()]
     for actual, ref in zip(got, refs):
         np.testing.assert_array_equal(actual, np.asarray(ref, np.int32))
@@ -172,7 +165,7 @@ def test_arg_max_min_with_ties():
                     refs.append(_arg_reference(x, axis, keepdims, largest, last))
         outs.append(apply(op, [ti], {})[0])
         refs.append(_arg_reference(xi, 0, True, largest, False))
-    for k, (actual, ref) in enumerate(zip(run([(t, x), (ti, xi)], outs), refs)):
+    for k, (actual, ref) in enumerate(zip(run_graph([(t, x), (ti, xi)], outs), refs)):
         assert actual.dtype == np.int64, k
         np.testing.assert_array_equal(actual, ref, err_msg=f"case {k}")
 

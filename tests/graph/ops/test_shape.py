@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tests.graph.ops.test_transform import Case, In, check, i64
-from tests.harness import random_array
+from tests.harness import random_array, run_graph
 from treadle.compiler import compile_graph
 from treadle.errors import ShapeError, UnsupportedOpError
 from treadle.graph.graph import Graph
@@ -15,10 +15,6 @@ from treadle.graph.tensor import Tensor, constant, symbol
 from treadle.ir.functor import evaluate
 
 batch, seq = symbol("batch"), symbol("seq")
-
-
-def run(outputs, inputs=(), arrays=()):
-    return compile_graph(Graph.from_outputs(list(inputs), list(outputs)))(*arrays)
 
 
 def test_shape_and_size_are_symbolic_and_computed():
@@ -90,7 +86,7 @@ def test_constant_attributes():
     outputs = [apply("Constant", [], {k: v})[0] for k, v in cases.items()]
     from_proto, = apply("Constant", [], {"value": numpy_helper.from_array(table)})
     assert outputs[3].value == (-7,) and outputs[4].value == (3, 1, 4, 1, 5)
-    results = run(outputs + [from_proto])
+    results = run_graph([], outputs + [from_proto])
     expected = [cases["value"], np.float32(0.25), np.array(cases["value_floats"], np.float32),
                 np.int64(-7), np.array(cases["value_ints"], np.int64), table]
     for got, want in zip(results, expected):

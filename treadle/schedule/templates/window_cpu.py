@@ -25,14 +25,14 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from treadle.ir.compute import Compute, combine, identity_of, producer_of
+from treadle.ir.compute import Compute, combine, identity_of, producer_of, reachable
 from treadle.ir.expr import Binary, Buffer, Const, Expr, Load, Select, Var, as_expr
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.interval import Interval
 from treadle.ir.mapping import unravel
 from treadle.ir.simplify import simplify_expr
 from treadle.ir.stmt import Assert, DeclBuffer, For, Function, If, Let, Seq, Stmt, Store
-from treadle.schedule.rules import Inliner, Kernel, canonical_kernel, reachable, split_epilogue
+from treadle.schedule.rules import Inliner, Kernel, canonical_kernel, split_epilogue
 
 MAX_WINDOW = 64  # window points; larger reductions are left to GEMM or the rule-based loops
 MAX_ROW_BYTES = 1 << 14  # the row of accumulators, on each thread's stack

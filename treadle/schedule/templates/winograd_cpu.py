@@ -31,7 +31,8 @@ from treadle.ir.expr import Buffer, Const, Expr, Load, as_expr, logical_and, min
 from treadle.ir.functor import rewrite, substitute, walk
 from treadle.ir.mapping import unravel
 from treadle.schedule.rules import Kernel, canonical_kernel, split_epilogue
-from treadle.schedule.templates.matmul_cpu import GemmConfig, register_tile, tile_lanes
+from treadle.schedule.templates.gemm.micro_kernel import RegisterTile, register_tile
+from treadle.target.cpu import CpuTarget
 
 ROWS = 6                    # register tile: output tiles x one panel of output channels
 MAX_TILES_PER_BLOCK = 60
@@ -39,7 +40,7 @@ V_BYTES = 1 << 18           # the transformed input tiles of a block
 CHUNKS = (64, 48, 32, 16)   # output channels per work item, the largest dividing K
 
 
-def schedule_winograd(op: Operator, name: str) -> Kernel:
+def schedule_winograd(op: Operator, name: str, target: CpuTarget) -> Kernel:
     f = TRANSFORMS[int(op.attrs.get("tile", 2))]
     out = op.definition[0]
     red, epilogue = split_epilogue(out)
@@ -65,7 +66,8 @@ def schedule_winograd(op: Operator, name: str) -> Kernel:
             v = fb.buffer("v", float32, [f.positions, per_block, channels])
             m = fb.buffer("m", float32, [f.positions, per_block, chunk])
             _input_transform(fb, f, x, v, first, grid, out_size)
-            _products(fb, f, u, v, m, k0, channels)
+            _products(fb, f, u, v, m, k0, channels, RegisterTile(ROWS, PANEL,
+                                                                 target.register_lanes(PANEL)))
             _output_transform(fb, f, m, first, grid, out_size, k0, (red, epilogue, out.buffer))
     return canonical_kernel(fb.function, op.input_buffers, 1)
 
@@ -124,10 +126,9 @@ def _combine(coefficients: np.ndarray, terms: Sequence[Expr]) -> Expr:
 
 
 def _products(fb: FunctionBuilder, f: Transform, u: Buffer, v: Buffer, m: Buffer, k0,
-              channels: int) -> None:
+              channels: int, tile: RegisterTile) -> None:
     """m[e, t, j] = sum over c of v[e, t, c] * U[e, c, k0 + j], in register tiles."""
-    cfg = GemmConfig(micro_m=ROWS, micro_n=PANEL)
-    lanes = tile_lanes(cfg)
+    lanes = tile.lanes
     per_block, chunk = m.shape[1], m.shape[2]
     for e in fb.range(f.positions, name="e"):
         for q in fb.range(chunk // PANEL, name="q"):
@@ -136,7 +137,7 @@ def _products(fb: FunctionBuilder, f: Transform, u: Buffer, v: Buffer, m: Buffer
                 def step(kk, e=e, p=p, panel=panel):
                     return (lambda r: v[e, p * ROWS + r, kk],
                             lambda w: u.vload((e, panel, kk, w * lanes), lanes))
-                register_tile(fb, cfg, m, (e, p * ROWS, q * PANEL), as_expr(True), channels,
+                register_tile(fb, tile, m, (e, p * ROWS, q * PANEL), as_expr(True), channels,
                               step)
 
 

@@ -1,16 +1,16 @@
-"""The GEMM schedule space: sizes per level, every point valid under the register and
-cache formulas, and nothing taken from the problem."""
+"""The GEMM schedule space: sizes per level, every point valid under the template's rules
+(config.check_config) and the cache formulas, and nothing taken from the problem."""
 import inspect
 
 import pytest
 
 from treadle.config import override
 from treadle.errors import ScheduleConfigError
-from treadle.schedule.templates.matmul_cpu import GemmConfig
+from treadle.schedule.templates.gemm import GemmConfig
 from treadle.target import cpu
 from treadle.target.cpu import CpuTarget, host
-from treadle.tune.space import (ELEMENT_BYTES, check_gemm_config, gemm_space, micro_tiles,
-                                tile_bytes)
+from treadle.schedule.templates.gemm.space import (ELEMENT_BYTES, check_space_point, gemm_space,
+                                                   micro_tiles, tile_bytes)
 
 TARGETS = [
     host(),
@@ -34,7 +34,7 @@ def test_size_and_validity(level, target, threads):
         assert len(set(space)) == len(space)
         lanes = target.simd_bytes // ELEMENT_BYTES
         for cfg in space:
-            check_gemm_config(cfg, target)
+            check_space_point(cfg, target)
             vectors = cfg.micro_n // lanes
             assert cfg.micro_n % lanes == 0
             assert cfg.micro_m * vectors + vectors + 1 <= target.vector_registers
@@ -62,14 +62,14 @@ def test_space_depends_on_the_target_only():
 @pytest.mark.parametrize("cfg, rule", [
     (GemmConfig(micro_n=12), "SIMD lanes"),
     (GemmConfig(block_m=96, micro_m=8, micro_n=16), "vector registers"),
-    (GemmConfig(block_m=50, micro_m=6), "multiples"),
+    (GemmConfig(block_m=50, micro_m=6), "multiple of the register tile"),
     (GemmConfig(block_k=4096), "L1"),
     (GemmConfig(block_m=1200, block_n=1200, block_k=128), "L2"),
     (GemmConfig(block_m=0), "positive"),
 ])
 def test_invalid_points_raise(cfg, rule):
     with pytest.raises(ScheduleConfigError, match=rule):
-        check_gemm_config(cfg, TARGETS[2])
+        check_space_point(cfg, TARGETS[2])
 
 
 def test_unknown_level():

@@ -14,7 +14,7 @@ The formulas (sizes in bytes of float32 elements):
     registers   micro_m * micro_n/lanes accumulators + micro_n/lanes B vectors
                 + 1 broadcast A value  <=  vector registers, counted in 256-bit
                 vectors (lanes = 8) also where a 16-wide row takes one 512-bit
-                register (see matmul_cpu.tile_lanes)
+                register (see resolve.register_lanes)
     L1          the micro-panels of A and B for block_k steps: (micro_m + micro_n) * block_k
                 fit in L1; level 0 leaves a quarter of L1 for the accumulator tile's rows
                 and the lines being prefetched
@@ -25,17 +25,19 @@ The formulas (sizes in bytes of float32 elements):
                 element of A costs more than one of B)
     L3 / cores  every thread's tile together fits in half of the shared L3
 
-An invalid point raises ScheduleConfigError (``check_gemm_config``) and is left out.
+A point that breaks a rule of the template (``config.check_config``) or overflows a cache
+(``check_space_point``) is left out.
 """
 from __future__ import annotations
 
 import itertools
 
 from treadle.errors import ScheduleConfigError
-from treadle.schedule.templates.matmul_cpu import PACK_COST_A, PACK_COST_B, GemmConfig
+from treadle.schedule.templates.gemm.config import (ELEMENT_BYTES, GemmConfig, check_config,
+                                                    registers_needed)
+from treadle.schedule.templates.gemm.resolve import PACK_COST_A, PACK_COST_B
 from treadle.target.cpu import CpuTarget
 
-ELEMENT_BYTES = 4  # float32, the only dtype the GEMM template serves
 LEVELS = (0, 1, 2)
 # block_k candidates: multiples of a cache line's worth of floats (16) that unroll evenly.
 BLOCK_K_STEPS = (32, 64, 96, 128, 192, 256, 384, 512)
@@ -66,7 +68,7 @@ def gemm_space(level: int, target: CpuTarget) -> list[GemmConfig]:
     valid = []
     for cfg in points:
         try:
-            check_gemm_config(cfg, target)
+            check_space_point(cfg, target)
         except ScheduleConfigError:
             continue
         valid.append(cfg)
@@ -85,7 +87,8 @@ def micro_tiles(target: CpuTarget) -> list[tuple[int, int]]:
     for vectors in range(1, registers):
         for micro_m in range(1, registers):
             accumulators = micro_m * vectors
-            if accumulators + vectors + 1 <= registers and 2 * accumulators >= registers:
+            fits = registers_needed(micro_m, vectors * lanes, target) <= registers
+            if fits and 2 * accumulators >= registers:
                 tiles.append((micro_m, vectors * lanes))
 
     def rank(tile):
@@ -139,23 +142,14 @@ def tile_bytes(block_m: int, block_n: int, block_k: int) -> int:
     return (block_m * block_k + block_k * block_n + block_m * block_n) * ELEMENT_BYTES
 
 
-def check_gemm_config(cfg: GemmConfig, target: CpuTarget) -> None:
-    """Raises ScheduleConfigError when ``cfg`` breaks a register or cache rule of ``target``."""
-    lanes = target.lanes(ELEMENT_BYTES)
+def check_space_point(cfg: GemmConfig, target: CpuTarget) -> None:
+    """Raises ScheduleConfigError when ``cfg`` breaks a rule of the template or overflows a
+    cache of ``target`` (the shares above aside: those rank, this bounds)."""
+    check_config(cfg, target)
 
     def fail(rule: str) -> None:
         raise ScheduleConfigError(f"{cfg}: {rule}")
 
-    if min(cfg.block_m, cfg.block_n, cfg.block_k, cfg.micro_m, cfg.micro_n, cfg.split_k) < 1:
-        fail("every size must be positive")
-    if cfg.micro_n % lanes:
-        fail(f"micro_n must be a multiple of the {lanes} SIMD lanes")
-    if cfg.block_m % cfg.micro_m or cfg.block_n % cfg.micro_n:
-        fail("block_m and block_n must be multiples of micro_m and micro_n")
-    vectors = cfg.micro_n // lanes
-    if cfg.micro_m * vectors + vectors + 1 > target.vector_registers:
-        fail(f"the register tile needs {cfg.micro_m * vectors + vectors + 1} vector "
-             f"registers; the target has {target.vector_registers}")
     if (cfg.micro_m + cfg.micro_n) * cfg.block_k * ELEMENT_BYTES > target.l1d_bytes:
         fail(f"the micro-panels for block_k={cfg.block_k} overflow the "
              f"{target.l1d_bytes}-byte L1")

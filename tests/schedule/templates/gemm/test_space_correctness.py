@@ -9,11 +9,12 @@ from treadle.errors import ScheduleConfigError
 from treadle.ir.compute import reduce
 from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Var
-from treadle.schedule.templates.matmul_cpu import match_gemm, schedule_gemm
+from treadle.schedule.templates.gemm import match_gemm, schedule_gemm
+from treadle.schedule.templates.gemm.space import gemm_space
 from treadle.target.cpu import host
-from treadle.tune.space import gemm_space
 
-SYMBOLIC_SIZES = [(1, 1, 1), (7, 61, 13), (97, 3, 257), (13, 130, 2)]
+SYMBOLIC_SIZES = [(1, 1, 1), (7, 61, 13), (97, 3, 257), (13, 130, 2), (0, 61, 13),
+                  (5, 0, 7), (4, 9, 0), (3, 17, 2039)]
 CONCRETE = (61, 37, 97)
 
 

@@ -1,0 +1,56 @@
+"""What the GEMM template matches: the roles of the axes, epilogues, constant right
+factors, and the operators it leaves to other templates."""
+import numpy as np
+
+from tests.harness import random_array
+from treadle.graph.operator import apply
+from treadle.graph.tensor import Tensor, constant
+from treadle.ir.compute import compute, reduce
+from treadle.ir.dtypes import float32
+from treadle.ir.expr import Buffer
+from treadle.schedule.templates.gemm import GEMM, match_gemm
+
+
+def test_roles_of_axes():
+    a, b = Buffer("a", float32, (4, 5)), Buffer("b", float32, (5, 6))
+    c = reduce("c", [4, 6], [5], lambda i, j, k: a[i, k] * b[k, j])
+    p = match_gemm(c)
+    assert p.m_axes == (c.axes[0],) and p.n_axes == (c.axes[1],) and p.batch_axes == ()
+    assert p.axes("k") == c.reduce_axes
+    relu = compute("r", [4], lambda i: a[i, 0])
+    assert match_gemm(relu) is None
+
+
+def test_batch_axes_are_read_by_both_factors():
+    a, b = Buffer("a", float32, (3, 4, 5)), Buffer("b", float32, (3, 5, 6))
+    c = reduce("c", [3, 4, 6], [5], lambda n, i, j, k: a[n, i, k] * b[n, k, j])
+    p = match_gemm(c)
+    assert p.batch_axes == (c.axes[0],) and p.m_axes == (c.axes[1],)
+
+
+def test_operator_match_carries_inputs_checks_and_constant_weights():
+    x = Tensor("x", "float32", ["batch", 24])
+    w = constant(random_array((24, 32)))
+    op = apply("MatMul", [x, w])[0].producer
+    pattern = GEMM.match(op)
+    assert pattern.inputs == tuple(op.input_buffers)
+    assert pattern.constant_right  # the weights are laid out at compile time
+
+
+def test_bias_becomes_an_epilogue():
+    x = Tensor("x", "float32", [1, 3, 9, 9])
+    w, b = constant(np.ones((16, 3, 3, 3), np.float32)), constant(np.ones(16, np.float32))
+    op = apply("Conv", [x, w, b], {})[0].producer
+    pattern = GEMM.match(op)
+    assert pattern.epilogue is not None and pattern.output is pattern.epilogue
+
+
+def test_narrow_products_are_left_to_other_templates():
+    """Fewer than MIN_GEMM_COLUMNS output columns (a matrix-vector product) is mostly
+    padding in a GEMM tile; non-float32 products are not the template's either."""
+    x = Tensor("x", "float32", [7, 24])
+    assert GEMM.match(apply("MatMul", [x, constant(random_array((24, 3)))])[0].producer) is None
+    assert GEMM.match(apply("MatMul", [x, constant(random_array((24, 8)))])[0].producer)
+    xi = Tensor("xi", "int32", [7, 24])
+    wi = constant(np.ones((24, 16), np.int32))
+    assert GEMM.match(apply("MatMul", [xi, wi])[0].producer) is None

@@ -1,0 +1,82 @@
+"""Resolution: a config fitted to one problem, once and purely. Equal resolved values
+generate equal programs (what tuning relies on to find duplicates without generating
+any); clamps, streaming and the stack check happen here."""
+from dataclasses import replace
+
+import pytest
+
+from treadle.config import override
+from treadle.errors import ScheduleConfigError
+from treadle.ir.compute import reduce
+from treadle.ir.dtypes import float32
+from treadle.ir.expr import Buffer, Var
+from treadle.ir.printer import format_function
+from treadle.schedule.templates.gemm import GEMM, GemmConfig, match_gemm
+from treadle.schedule.templates.gemm.resolve import STREAM_BLOCK_K, resolve
+from treadle.schedule.templates.gemm.space import gemm_space
+from treadle.target.cpu import host
+
+
+def matmul(m, n, k):
+    a, b = Buffer("a", float32, (m, k)), Buffer("b", float32, (k, n))
+    c = reduce("c", [m, n], [k], lambda i, j, r: a[i, r] * b[r, j])
+    return replace(match_gemm(c), inputs=(a, b))
+
+
+def program(resolved) -> str:
+    return format_function(GEMM.emit(resolved, "g").function)
+
+
+@pytest.mark.parametrize("cfg, reason", [
+    (GemmConfig(block_m=96, block_n=512, block_k=1024), "stack"),
+    (GemmConfig(block_m=384, block_n=512, block_k=16, split_k=2), "workspace"),
+    (GemmConfig(block_m=100), "multiple of the register tile"),  # the rules come first
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_configs_the_problem_cannot_hold_raise(cfg, reason):
+    with override(num_threads=2), pytest.raises(ScheduleConfigError, match=reason):
+        resolve(matmul(Var("M"), Var("N"), Var("K")), cfg, host())
+
+
+def test_resolution_is_pure():
+    pattern, cfg = matmul(61, 37, 97), GemmConfig(12, 32, 16, 6, 16)
+    first, second = resolve(pattern, cfg, host()), resolve(pattern, cfg, host())
+    assert first == second and hash(first) == hash(second)
+    assert program(first) == program(second)
+
+
+@pytest.mark.parametrize("sizes", [(61, 37, 97), (5, 24, 40), ("M", "N", "K"), (1, 384, 2039)],
+                         ids=str)
+def test_configs_that_resolve_alike_generate_the_same_program(sizes):
+    pattern = matmul(*(Var(s) if isinstance(s, str) else s for s in sizes))
+    by_resolved: dict = {}
+    for cfg in gemm_space(2, host()):
+        try:
+            by_resolved.setdefault(resolve(pattern, cfg, host()), []).append(cfg)
+        except ScheduleConfigError:
+            continue
+    shared = [cfgs for cfgs in by_resolved.values() if len(cfgs) > 1]
+    if all(isinstance(s, int) for s in sizes[:2]) and sizes[0] < 8:
+        assert shared  # blocks larger than a small problem clamp alike
+    for resolved, cfgs in by_resolved.items():
+        programs = {program(resolve(pattern, cfg, host())) for cfg in cfgs}
+        assert programs == {program(resolved)}, cfgs
+
+
+def test_blocks_clamp_to_the_problem():
+    """13 rows in register tiles of up to 6: three micro-panels of 5 rows (not 6, 6, 1);
+    blocks no larger than the sizes they tile."""
+    resolved = resolve(matmul(13, 40, 20), GemmConfig(192, 256, 256, 6, 16), host())
+    cfg = resolved.config
+    assert (cfg.micro_m, cfg.block_m) == (5, 15)
+    assert cfg.block_n <= 48 and cfg.block_k <= 20
+
+
+def test_a_right_factor_read_in_place_streams_in_short_k_blocks():
+    resolved = resolve(matmul(1, 4096, 512), GemmConfig(), host())
+    assert resolved.in_place[1]
+    assert resolved.config.block_k == STREAM_BLOCK_K
+
+
+def test_symbolic_sizes_keep_the_config_blocks():
+    cfg = GemmConfig(12, 32, 16, 6, 16)
+    assert resolve(matmul(Var("M"), Var("N"), Var("K")), cfg, host()).config == cfg

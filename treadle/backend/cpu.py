@@ -1,0 +1,272 @@
+"""The CPU target of the C backend: the C-family printer (``backend.c``) with OpenMP simd
+loops, AVX/AVX-512 intrinsics and a thread pool.
+
+A parallel loop's body becomes a static function of an iteration range, with the values
+it uses from outside in a context struct; the kernel hands both to the thread pool
+(``runtime.pool``) through ``treadle_parallel_for``, on ``treadle_num_threads`` threads.
+The library exports ``treadle_set_num_threads`` and ``treadle_set_parallel`` (the pool's
+entry point; without it loops run serially). A vectorize loop is an ``omp simd`` loop
+whose accumulators are reductions; fused multiply-adds on vectors are the AVX intrinsics
+of their width, and a prefetch is ``__builtin_prefetch``.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from treadle.backend.c import (CALL_PRINTERS, LOOP_PRINTERS, PRIMARY, STMT_PRINTERS, CPrinter,
+                               _let, _loop, _scalar_float_call, _store, c_name)
+from treadle.backend.c import generate as generate_c
+from treadle.errors import IRError
+from treadle.ir import dtypes
+from treadle.ir.expr import Binary, Buffer, Call, Expr, Load, Select, Var
+from treadle.ir.functor import walk
+from treadle.ir.stmt import Accumulate, DeclBuffer, For, Function, Let, Store
+from treadle.target.cpu import host
+
+
+# Vector dtype -> fused multiply-add intrinsic; the 512-bit ones only where the CPU has them.
+FMA_INTRINSICS = {dtypes.vector(scalar, bits // scalar.bits): f"_mm{width}_fmadd_{suffix}"
+                  for scalar, suffix in ((dtypes.float32, "ps"), (dtypes.float64, "pd"))
+                  for bits, width in ((128, ""), (256, "256"), (512, "512"))}
+
+
+THREADS = """\
+static int treadle_num_threads = 1;
+
+void treadle_set_num_threads(int n) {
+    treadle_num_threads = n > 0 ? n : 1;
+}
+
+typedef void (*treadle_loop_body)(void *ctx, int64_t begin, int64_t end);
+typedef void (*treadle_parallel_fn)(int64_t n, treadle_loop_body body, void *ctx,
+                                    int32_t threads);
+static treadle_parallel_fn treadle_parallel = 0;
+
+void treadle_set_parallel(treadle_parallel_fn run) {
+    treadle_parallel = run;
+}
+
+static void treadle_parallel_for(int64_t n, treadle_loop_body body, void *ctx) {
+    if (treadle_parallel != 0 && treadle_num_threads > 1 && n > 1)
+        treadle_parallel(n, body, ctx, treadle_num_threads);
+    else
+        body(ctx, 0, n);
+}"""
+
+
+def _fma(p: CpuPrinter, e: Call):
+    if not e.dtype.is_vector:
+        return _scalar_float_call(p, e, "fma")
+    have = [d for d in FMA_INTRINSICS if d.nbytes <= host().widest_simd_bytes]
+    if e.dtype not in have:
+        raise IRError(f"{e}: fma is not supported for vector dtype {e.dtype} on this CPU "
+                      f"(it has {', '.join(d.name for d in have)})")
+    intrinsic = FMA_INTRINSICS[e.dtype]
+    return p.call(intrinsic, *(p.text_as(a, e.dtype) for a in e.args))
+
+
+def _prefetch(p: CpuPrinter, e: Call):
+    """Fetches the cache line of a load's element into L2 (prefetcht1): the schedules
+    prefetch a step or a panel ahead, and a line brought into L1 that early evicts the
+    micro-panels being read (a 128 x 768 x 3072 GEMM: 4% faster than into L1). Where
+    fusion replaced the load with a computed value there is no single address to fetch,
+    and the hint is dropped."""
+    (arg,) = e.args
+    if not isinstance(arg, Load):
+        return "0", PRIMARY
+    return p.call("__builtin_prefetch", "&" + p.text(arg), "0", "2")
+
+
+# Reduction -> OpenMP reduction-identifier, for the Accumulates of a vectorize loop.
+OMP_REDUCTIONS = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
+
+
+# A float max or min step that keeps the accumulator when either side is NaN:
+# acc = value > acc ? value : acc, one max instruction.
+ORDERED = {"max": ">", "min": "<"}
+
+
+def _reductions(s: For) -> list[Accumulate]:
+    """The Accumulates of the loop ``s`` into accumulators declared outside it."""
+    declared = {n.buffer for n in walk(s.body) if isinstance(n, DeclBuffer)}
+    return [n for n in walk(s.body) if isinstance(n, Accumulate) and n.buffer not in declared]
+
+
+def _simd(p: CpuPrinter, s: For) -> str:
+    """``omp simd``, with a reduction clause for each accumulator the loop updates but
+    does not declare: each lane then keeps a partial result, combined after the loop."""
+    clauses = {}
+    for n in _reductions(s):
+        op = p.table(OMP_REDUCTIONS, n.op, "OMP_REDUCTIONS")
+        clauses[f"reduction({op}:{p.name_of(n.buffer)})"] = None
+    clauses.update({f"reduction(|:{flag})": None for flag in p.nan_flags.values()})
+    return " ".join(["#pragma omp simd", *clauses])
+
+
+def _nan_flags(p: CpuPrinter, s: For) -> dict[Buffer, str]:
+    """Declares a NaN flag for each float max or min the vectorize loop ``s`` reduces.
+
+    The NaN-propagating helper would carry the accumulator through a compare, an or of
+    masks and a blend per vector, three times slower than a max instruction on a row in
+    cache. Instead each step is one max, which keeps the accumulator where the value is
+    NaN, and a NaN value sets the flag, an int reduced with | off that chain; after the
+    loop a set flag makes the result NaN (_close_nan_flags). The flag starts set where
+    the accumulator is already NaN: OpenMP's max may drop it when combining the lanes."""
+    flags = {}
+    for n in _reductions(s):
+        if n.op in ORDERED and n.buffer.dtype.is_float and n.buffer not in flags:
+            acc = p.name_of(n.buffer)
+            flags[n.buffer] = p.names.declare((n.buffer, "nan"), f"{acc}_nan")
+            p.emit(f"int32_t {flags[n.buffer]} = {acc} != {acc};")
+    return flags
+
+
+def _close_nan_flags(p: CpuPrinter, flags: dict[Buffer, str]) -> None:
+    for buffer, flag in flags.items():
+        p.emit(f"if ({flag}) {p.name_of(buffer)} = NAN;")
+
+
+def _nan_flags_needed(s: For) -> bool:
+    return any(n.op in ORDERED and n.buffer.dtype.is_float for n in _reductions(s))
+
+
+def _parallel_for(p: CpuPrinter, s: For) -> None:
+    """The loop's body as a static function of an iteration range, called by the thread
+    pool; what the body uses from outside (scalars by value, buffers by address) travels
+    in a context struct. A value computed without memory (``let i = 128 - i0``) is
+    computed again in the body instead, so the C compiler still sees constants there."""
+    extent = p.text(s.extent)
+    captures = []
+    for key, name in _captured(p, s):
+        value = _recomputable(p, key)
+        if value is not None:
+            captures.append((None, f"const {p.type(key.dtype)} {name} = {p.text(value)};", None))
+        else:
+            captures.append(_capture(p, key, name))
+    symbol = f"{c_name(p.func)}__loop{len(p.outlined)}"
+    outer = p.lines, p.depth, p.status_address
+    p.lines, p.depth, p.status_address = [], 1, "treadle_status"
+    p.names.push()
+    var = p.names.declare(s.var, s.var.name)
+    p.emit(f"for ({p.type(s.var.dtype)} {var} = treadle_begin; {var} < treadle_end; ++{var}) {{")
+    label = p.special_loop(s.body, "parallel")
+    p.emit("}")
+    p.names.pop()
+    body = p.lines
+    p.lines, p.depth, p.status_address = outer
+    if label in p.used_labels:
+        captures.append(("int32_t *treadle_status",
+                         "int32_t *treadle_status = treadle_c->treadle_status;",
+                         "&treadle_status"))
+    fields = [field for field, _, _ in captures if field] or ["char unused"]
+    values = ", ".join(value for _, _, value in captures if value) or "0"
+    p.outlined.append("\n".join([
+        f"struct {symbol}_ctx {{", *(f"    {field};" for field in fields), "};", "",
+        f"static void {symbol}(void *treadle_ctx, int64_t treadle_begin, int64_t treadle_end) {{",
+        f"    const struct {symbol}_ctx *treadle_c = treadle_ctx;",
+        *(f"    {local}" for _, local, _ in captures), *body, "}"]))
+    p.emit(f"struct {symbol}_ctx {symbol}_ctx = {{{values}}};")
+    p.emit(f"treadle_parallel_for({extent}, {symbol}, &{symbol}_ctx);")
+    p.pass_failure_outward(label)
+
+
+def _recomputable(p: CpuPrinter, key) -> Expr | None:
+    """The value of a ``let`` that reads no memory (a parallel body computes it again)."""
+    value = p.let_values.get(key)
+    if value is None or any(isinstance(n, (Load, Call)) for n in walk(value)):
+        return None
+    return value
+
+
+def _captured(p: CpuPrinter, s: For) -> list[tuple[Var | Buffer, str]]:
+    """The variables and buffers the loop's body uses that are declared outside it, with
+    their C names, each after those its value is computed from where it is computed again
+    (see _parallel_for); the symbols in buffer shapes count as used (the flattened
+    indices multiply by them)."""
+    used: dict = {}
+    for node in walk(s.body):
+        if isinstance(node, Var):
+            used[node] = None
+        buffer = getattr(node, "buffer", None)
+        if isinstance(buffer, Buffer):
+            used.update((v, None) for d in buffer.shape for v in walk(d) if isinstance(v, Var))
+            used[buffer] = None
+    captured: dict = {}
+
+    def visit(key) -> None:
+        name = p.names.lookup(key)
+        if name is None or key in captured:
+            return
+        if isinstance(key, Buffer) and key.rank == 0 and key.scope != "global":
+            raise IRError(f"parallel loop over {s.var.name} uses the scalar {key.name} "
+                          "declared outside it; its iterations would race on it")
+        value = _recomputable(p, key)
+        if value is not None:
+            for node in walk(value):
+                if isinstance(node, Var):
+                    visit(node)
+        captured[key] = name
+    for key in used:
+        visit(key)
+    return list(captured.items())
+
+
+
+def _capture(p: CpuPrinter, key: Var | Buffer, name: str) -> tuple[str, str, str]:
+    """(context field, the outlined body's local, value at the call) for ``key``."""
+    if isinstance(key, Var):
+        ctype = p.type(key.dtype)
+        return (f"{ctype} {name}", f"const {ctype} {name} = treadle_c->{name};", name)
+    const = "" if key in p.stored else "const "
+    pointer = f"{const}{p.type(key.dtype)} *"
+    value = f"treadle_c->{name}"
+    if key.scope != "global":  # a stack array of the kernel
+        value = f"__builtin_assume_aligned({value}, {p.STACK_ALIGNMENT})"
+    return f"{pointer}{name}", f"{pointer}restrict {name} = {value};", name
+
+
+def _accumulate(p: CpuPrinter, s: Accumulate) -> None:
+    flag = p.nan_flags.get(s.buffer)
+    if flag is None:
+        STMT_PRINTERS[Accumulate](p, s)
+        return
+    # See _nan_flags: an ordered compare keeps the accumulator where the value is NaN.
+    value = Var(f"{s.buffer.name}_value", s.buffer.dtype)
+    acc = s.buffer[()]
+    _let(p, Let(value, s.value))
+    name = p.name_of(value)
+    p.emit(f"{flag} |= -({name} != {name});")
+    _store(p, Store(s.buffer, (), Select(Binary(ORDERED[s.op], value, acc), value, acc)))
+
+
+def _vectorize(p: CpuPrinter, s: For) -> None:
+    if not _nan_flags_needed(s):
+        _loop(p, s, _simd(p, s), special="vectorize")
+        return
+    p.emit("{")
+    p.depth += 1
+    p.names.push()
+    p.nan_flags = _nan_flags(p, s)
+    _loop(p, s, _simd(p, s), special="vectorize")
+    _close_nan_flags(p, p.nan_flags)
+    p.nan_flags = {}
+    p.names.pop()
+    p.depth -= 1
+    p.emit("}")
+
+
+class CpuPrinter(CPrinter):
+    CALL_PRINTERS = {**CALL_PRINTERS, "fma": _fma, "prefetch": _prefetch}
+    STMT_PRINTERS = {**STMT_PRINTERS, Accumulate: _accumulate}
+    LOOP_PRINTERS = {**LOOP_PRINTERS, "vectorize": _vectorize, "parallel": _parallel_for}
+    PREAMBLE = THREADS
+    STACK_ALIGNMENT = 64  # bytes of one AVX-512 register, a cache line
+
+    def __init__(self, func: Function, prelude):
+        super().__init__(func, prelude)
+        self.nan_flags: dict[Buffer, str] = {}  # of the enclosing simd loop (_nan_flags)
+
+
+def generate(functions: Sequence[Function]) -> str:
+    """One C source file for the CPU defining every function of ``functions`` (lowered)."""
+    return generate_c(functions, CpuPrinter)

@@ -1,0 +1,79 @@
+"""The kernel plan: which kernels a graph runs as, the seam between choosing kernels and
+building them.
+
+A ``KernelPlan`` names its operators: an anchor, scheduled alone by a template or the
+rules, and the prologues and epilogues fused into it after scheduling (see
+``schedule.fusion``); the tensors it reads from outside and the one or more it writes. Plans
+may share operators: an operator in two plans is computed by both (recomputing a cheap
+value can beat writing it out and reading it back), and only the plans that list its
+tensor among their outputs write it. A plan whose anchor is a view builds no kernel.
+
+A strategy turns a graph into plans in an order that runs producers first; ``"greedy"``
+is the fusion partition of ``graph.partition`` (one anchor per kernel, neighbours
+attached where legal).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from treadle.graph.graph import Graph
+from treadle.graph.operator import Operator
+from treadle.graph.partition import Group, is_view, partition
+from treadle.graph.tensor import Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class KernelPlan:
+    anchor: Operator
+    prologues: tuple[Operator, ...] = ()
+    epilogues: tuple[Operator, ...] = ()
+    outputs: tuple[Tensor, ...] = ()  # the tensors the kernel writes
+
+    @property
+    def name(self) -> str:
+        return self.anchor.name
+
+    @property
+    def ops(self) -> tuple[Operator, ...]:
+        return (*self.prologues, self.anchor, *self.epilogues)
+
+    @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        """The tensors the plan reads that none of its operators computes, in first use."""
+        produced = {id(t) for op in self.ops for t in op.outputs}
+        found: dict[int, Tensor] = {}
+        for op in self.ops:
+            for t in op.inputs:
+                if t is not None and id(t) not in produced:
+                    found.setdefault(id(t), t)
+        return tuple(found.values())
+
+    @property
+    def is_view(self) -> bool:
+        return is_view(self.anchor)
+
+
+def single(op: Operator) -> KernelPlan:
+    """The plan of one operator alone, writing all its outputs."""
+    return KernelPlan(op, outputs=tuple(op.outputs))
+
+
+def _from_group(group: Group) -> KernelPlan:
+    return KernelPlan(group.anchor, tuple(group.prologues), tuple(group.epilogues),
+                      tuple(group.outputs))
+
+
+def greedy(graph: Graph) -> list[KernelPlan]:
+    return [_from_group(g) for g in partition(graph)]
+
+
+STRATEGIES: dict[str, Callable[[Graph], list[KernelPlan]]] = {"greedy": greedy}
+
+
+def plan_kernels(graph: Graph, strategy: str = "greedy") -> list[KernelPlan]:
+    """The kernels of ``graph`` by ``strategy`` (see STRATEGIES), producers first."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"kernel plan strategy {strategy!r}: expected one of "
+                         f"{', '.join(sorted(STRATEGIES))}")
+    return STRATEGIES[strategy](graph)

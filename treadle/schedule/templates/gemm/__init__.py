@@ -1,0 +1,120 @@
+"""The CPU matrix-multiplication template, for every operator whose compute is a sum of
+products of two operands (MatMul, Gemm, batched matmul, convolution), in the steps of the
+template protocol (``schedule.template``):
+
+    pattern.py       match: the roles of the axes (batch, M, N, K) and the epilogue
+    space.py         space: the hardware-centric configs of a tuning level
+    config.py        check: the rules every config keeps
+    resolve.py       resolve: the config fitted to the problem, once
+    program.py       emit: the program, from packing.py and micro_kernel.py
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+from treadle.graph.operator import Operator
+from treadle.graph.tensor import normalize_dim
+from treadle.ir.expr import Buffer, Expr, Load
+from treadle.ir.functor import free_vars, walk
+from treadle.ir.printer import format_buffer_type, format_expr
+from treadle.schedule.rules import Kernel
+from treadle.schedule.template import canonical_names
+from treadle.schedule.templates.gemm.config import GemmConfig, check_config
+from treadle.schedule.templates.gemm.pattern import (GemmPattern, match_gemm, match_gemm_output,
+                                                     with_constants)
+from treadle.schedule.templates.gemm.program import emit
+from treadle.schedule.templates.gemm.resolve import ResolvedGemm, resolve
+from treadle.schedule.templates.gemm.space import gemm_space
+from treadle.target.cpu import CpuTarget, host
+
+__all__ = ["GEMM", "GemmConfig", "GemmPattern", "GemmTemplate", "ResolvedGemm", "match_gemm",
+           "match_gemm_output", "schedule_gemm", "with_constants"]
+
+# Below this many output columns a GEMM tile is mostly padding (depthwise convolution,
+# matrix-vector products); the window template or the rule-based loops serve those better.
+MIN_GEMM_COLUMNS = 8
+
+
+class GemmTemplate:
+    name = "gemm"
+    config_type = GemmConfig
+
+    def match(self, op: Operator) -> GemmPattern | None:
+        if len(op.definition) != 1:
+            return None
+        pattern = match_gemm_output(op.definition[0])
+        if pattern is None or not _wide_enough(pattern):
+            return None
+        return replace(with_constants(pattern, op.constant_inputs),
+                       inputs=tuple(op.input_buffers), checks=tuple(op.checks))
+
+    def space(self, pattern: GemmPattern, level: int, target: CpuTarget) -> list[GemmConfig]:
+        return gemm_space(level, target)
+
+    def check(self, pattern: GemmPattern, config: GemmConfig, target: CpuTarget) -> None:
+        check_config(config, target)
+
+    def resolve(self, pattern: GemmPattern, config: GemmConfig, target: CpuTarget
+                ) -> ResolvedGemm:
+        return resolve(pattern, config, target)
+
+    def emit(self, resolved: ResolvedGemm, name: str) -> Kernel:
+        return emit(resolved, name)
+
+    def workload(self, pattern: GemmPattern) -> str:
+        """The schedule-independent GEMM: the operands' dtypes and shapes, the roles of the
+        axes, the factors and the epilogue, every name replaced by its order of first
+        appearance."""
+        c = pattern.compute
+        used = {n.buffer for e in _sources(pattern) for n in walk(e) if isinstance(n, Load)}
+        operands = [b for b in pattern.inputs if b is not None and b in used]
+        out = pattern.output.buffer
+        text = "\n".join([
+            f"inputs: {'; '.join(f'{b.name}: {format_buffer_type(b)}' for b in operands)}",
+            f"output: {out.name}: {format_buffer_type(out)}",
+            f"batch: {_names(pattern.batch_axes)}", f"m: {_names(pattern.m_axes)}",
+            f"n: {_names(pattern.n_axes)}", f"axes: {_names(c.axes)}",
+            f"k: {_names(c.reduce_axes)} in {', '.join(map(format_expr, c.reduce_extents))}",
+            f"left: {format_expr(pattern.left)}", f"right: {format_expr(pattern.right)}",
+            f"epilogue: {format_expr(pattern.epilogue.value) if pattern.epilogue else '-'}"])
+        names = [b.name for b in operands] + [out.name, c.buffer.name]
+        names += [v.name for v in c.axes + c.reduce_axes]
+        if pattern.epilogue is not None:  # its own axes, numbered afresh by every compile
+            names += [v.name for v in pattern.epilogue.axes]
+        names += sorted(v.name for b in operands for d in b.shape for v in free_vars(d))
+        return canonical_names(text, names)
+
+
+GEMM = GemmTemplate()
+
+
+def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPattern,
+                  cfg: GemmConfig = GemmConfig(),
+                  checks: Sequence[tuple[Expr, str]] = ()) -> Kernel:
+    """The GEMM kernel for ``pattern`` with ``cfg`` on this machine, in one call (tests,
+    examples); ``checks`` are run-time conditions the kernel asserts before any work."""
+    pattern = replace(pattern, inputs=tuple(inputs), checks=tuple(checks))
+    return emit(resolve(pattern, cfg, host()), name)
+
+
+def _wide_enough(pattern: GemmPattern) -> bool:
+    c = pattern.compute
+    columns = 1
+    for axis in pattern.n_axes:
+        dim = normalize_dim(c.shape[c.axes.index(axis)])
+        if not isinstance(dim, int):
+            return True
+        columns *= dim
+    return columns >= MIN_GEMM_COLUMNS
+
+
+def _sources(pattern: GemmPattern):
+    yield pattern.left
+    yield pattern.right
+    if pattern.epilogue is not None:
+        yield pattern.epilogue.value
+
+
+def _names(axes) -> str:
+    return "(" + ", ".join(v.name for v in axes) + ")"

@@ -1,0 +1,163 @@
+"""What the GEMM template recognises: a sum of products of two operands, and the roles of
+its axes.
+
+``match_gemm`` reads the roles off the compute definition: output axes that only the left
+factor uses are M, only the right factor N, both "batch"; the reduce axes are K. The
+template never learns which operator it serves (MatMul, Gemm, batched matmul,
+convolution): it evaluates the factors at unravelled positions, so a convolution's im2col
+addressing happens where panels are packed and no im2col buffer exists.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Collection, Sequence
+
+from treadle.ir.compute import Compute, producer_of, reachable
+from treadle.ir.dtypes import float32
+from treadle.ir.expr import Binary, Buffer, Cast, Const, Expr, Load, Var, maximum, minimum
+from treadle.ir.functor import free_vars, rewrite, substitute, walk
+from treadle.ir.tabulate import tabulable
+from treadle.schedule.rules import Inliner
+
+ROLES = ("batch", "m", "n", "k")
+
+
+@dataclass(frozen=True)
+class GemmPattern:
+    compute: Compute
+    left: Expr
+    right: Expr
+    batch_axes: tuple[Var, ...]
+    m_axes: tuple[Var, ...]
+    n_axes: tuple[Var, ...]
+    # An element-wise compute applied to each result before it is stored (a bias, a
+    # rounding cast), which reads the product at its own index.
+    epilogue: Compute | None = None
+    # The right factor reads only constants (weights): its panels are laid out once, at
+    # compile time, instead of packed by every call (see with_constants).
+    constant_right: bool = False
+    # The operator's input buffers (None where an input is not a tensor) and its run-time
+    # conditions on symbolic sizes, which the kernel asserts before any work.
+    inputs: tuple[Buffer | None, ...] = ()
+    checks: tuple[tuple[Expr, str], ...] = ()
+
+    def axes(self, role: str) -> tuple[Var, ...]:
+        return {"batch": self.batch_axes, "m": self.m_axes, "n": self.n_axes,
+                "k": self.compute.reduce_axes}[role]
+
+    @property
+    def output(self) -> Compute:
+        return self.epilogue or self.compute
+
+    def store_value(self, acc: Expr, index: tuple) -> Expr:
+        if self.epilogue is None:
+            return acc
+        value = substitute(self.epilogue.value, dict(zip(self.epilogue.axes, index)))
+        return rewrite(value, lambda n: acc if isinstance(n, Load)
+                       and n.buffer == self.compute.buffer else None)
+
+
+def match_gemm(c: Compute) -> GemmPattern | None:
+    """The GEMM roles of a float32 ``sum(left * right)`` compute, or None."""
+    if c.reduce_op != "sum" or c.dtype != float32:
+        return None
+    value = c.value
+    if not (isinstance(value, Binary) and value.op == "*"):
+        return None
+    left, right = value.a, value.b
+    used_left, used_right = free_vars(left), free_vars(right)
+    if not (_loads_only_inputs(left) and _loads_only_inputs(right)):
+        return None
+    batch = tuple(a for a in c.axes if a in used_left and a in used_right)
+    m = tuple(a for a in c.axes if a in used_left and a not in used_right)
+    n = tuple(a for a in c.axes if a not in used_left)
+    if not m and not n:
+        return None
+    return GemmPattern(c, left, right, batch, m, n)
+
+
+def match_gemm_output(out: Compute) -> GemmPattern | None:
+    """A GEMM for ``out`` itself, or for the one product ``out`` maps element-wise."""
+    if out.is_reduction:
+        return match_gemm(out)
+    value = Inliner(reachable([out]))(out.value)
+    products = {n.buffer for n in walk(value) if isinstance(n, Load)
+                and producer_of(n.buffer) is not None}
+    if len(products) != 1:
+        return None
+    product = producer_of(products.pop())
+    loads = [n for n in walk(value) if isinstance(n, Load) and n.buffer == product.buffer]
+    if product.shape != out.shape or any(n.indices != out.axes for n in loads):
+        return None
+    pattern = match_gemm(product)
+    if pattern is None:
+        return None
+    epilogue = Compute(out.buffer, out.axes, value)
+    return replace(pattern, epilogue=epilogue)
+
+
+def with_constants(pattern: GemmPattern, constants: Collection[Buffer]) -> GemmPattern:
+    """``pattern``, its right factor marked constant when it reads only ``constants``, in
+    expressions ``tabulate`` evaluates, over static K and N and no batch axis (the panels
+    are one matrix of static size)."""
+    right, c = pattern.right, pattern.compute
+    loads = {n.buffer for n in walk(right) if isinstance(n, Load)}
+    sizes = axis_extents(c, pattern.n_axes) + [static(e) for e in c.reduce_extents]
+    constant = (bool(loads) and loads <= set(constants) and tabulable(right)
+                and not free_vars(right) & set(pattern.batch_axes)
+                and all(isinstance(v, int) for v in sizes))
+    return replace(pattern, constant_right=constant)
+
+
+def _loads_only_inputs(e: Expr) -> bool:
+    return all(producer_of(n.buffer) is None for n in walk(e) if isinstance(n, Load))
+
+
+def axis_extents(c: Compute, axes: Sequence[Var]) -> list[Expr | int]:
+    return [static(c.shape[c.axes.index(a)]) for a in axes]
+
+
+def role_extents(pattern: GemmPattern) -> dict[str, list[Expr | int]]:
+    """The extents of each role's axes (see ROLES), constants as Python ints."""
+    c = pattern.compute
+    return {"batch": axis_extents(c, pattern.batch_axes), "m": axis_extents(c, pattern.m_axes),
+            "n": axis_extents(c, pattern.n_axes), "k": [static(e) for e in c.reduce_extents]}
+
+
+def static(e: Expr) -> Expr | int:
+    """A constant extent as a Python int, so that block sizes can be clamped to it."""
+    return e.value if isinstance(e, Const) else e
+
+
+def product(values: Sequence) -> Expr | int:
+    total = 1
+    for v in values:
+        total = total * v
+    return total
+
+
+def static_min(a, b):
+    return min(a, b) if isinstance(a, int) and isinstance(b, int) else minimum(a, b)
+
+
+def static_max(a, b):
+    return max(a, b) if isinstance(a, int) and isinstance(b, int) else maximum(a, b)
+
+
+def round_up(x: int, multiple: int) -> int:
+    return -(-max(x, 1) // multiple) * multiple
+
+
+def right_row(pattern: GemmPattern) -> Load | None:
+    """The right factor where it is a scalar load whose last index is the (only) N axis,
+    so that consecutive columns are one vector load; None otherwise."""
+    right, n_axes = pattern.right, pattern.n_axes
+    if not (isinstance(right, Load) and right.lanes == 1 and len(n_axes) == 1
+            and right.indices[-1] == n_axes[0]
+            and all(n_axes[0] not in free_vars(i) for i in right.indices[:-1])):
+        return None
+    return right
+
+
+def f32(e: Expr) -> Expr:
+    return e if e.dtype == float32 else Cast(e, float32)

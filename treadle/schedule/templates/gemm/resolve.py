@@ -1,0 +1,293 @@
+"""From a point of the GEMM space to the program's every size: ``resolve``.
+
+A config names blocks and a register tile for any problem; ``resolve`` fits it to one
+problem, once and purely, in this order: blocks clamped to the constant sizes they tile
+(``_clamped``), short K blocks for a right factor streamed in place or one K block over
+laid-out panels (``_streaming``, ``_one_pass_over_panels``), blocks that split M and N
+evenly over the workers (``_balanced``), K blocks of whole rows (``_whole_rows``); then
+whether the threads pack the left factor together, and the stack the panels need, which
+raises ScheduleConfigError where it overflows. The result, ``ResolvedGemm``, is all
+``program.emit`` reads: two configs that resolve alike generate the same program, which
+is how tuning finds duplicates without generating any.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+from treadle.errors import ScheduleConfigError
+from treadle.ir.builder import FunctionBuilder
+from treadle.ir.compute import Compute, compute
+from treadle.ir.expr import ceil_div, minimum
+from treadle.ir.functor import substitute
+from treadle.ir.mapping import unravel
+from treadle.schedule.templates.gemm.config import ELEMENT_BYTES, GemmConfig, check_config
+from treadle.schedule.templates.gemm.micro_kernel import RegisterTile
+from treadle.schedule.templates.gemm.pattern import (GemmPattern, f32, product, right_row,
+                                                     role_extents, round_up)
+from treadle.target.cpu import CpuTarget
+
+STACK_BYTES = 1 << 20  # the packed panels and accumulator live on a thread's stack
+CACHE_LINE = 64
+# Time to pack one element, in multiply-adds (measured on 1024^3): A goes through the left
+# factor's index arithmetic (a convolution's im2col) row by row of the tile, B is copied
+# from laid-out rows. A packed A element is reused block_n times, a B one block_m.
+PACK_COST_A, PACK_COST_B = 12, 8
+
+
+@dataclass(frozen=True)
+class ResolvedGemm:
+    """One GEMM and the config fitted to it: everything its program is generated from.
+    Equal values generate equal programs (``panels`` and ``extents`` follow from the
+    compared fields)."""
+    pattern: GemmPattern
+    cfg: GemmConfig  # the config after every clamp and balance
+    threads: int
+    lanes: int  # of the register tile's vectors (see register_lanes)
+    whole_left: bool = False  # the threads pack the left factor for all of K first
+    extents: dict = field(default=None, compare=False)  # role -> extents of its axes
+    panels: Compute | None = field(default=None, compare=False)  # laid-out right factor
+
+    @property
+    def config(self) -> GemmConfig:
+        return self.cfg
+
+    @property
+    def register_tile(self) -> RegisterTile:
+        return RegisterTile(self.cfg.micro_m, self.cfg.micro_n, self.lanes)
+
+    def size(self, role: str):
+        return product(self.extents[role])
+
+    def coords(self, fb: FunctionBuilder, role: str, flat) -> dict:
+        """The axes of ``role`` at a flat position, bound once by lets."""
+        axes = self.pattern.axes(role)
+        if not axes:
+            return {}
+        values = unravel(flat, self.extents[role])
+        return {a: fb.let(a.name, v) for a, v in zip(axes, values)}
+
+    @property
+    def num_tiles(self):
+        cfg = self.cfg
+        return (self.size("batch") * ceil_div(self.size("m"), cfg.block_m)
+                * ceil_div(self.size("n"), cfg.block_n))
+
+    @property
+    def in_place(self) -> tuple[bool, bool]:
+        """Whether the left and the right factor are read in place, not packed: a factor
+        that only one register tile reads per K block (the macro-tile is one micro-panel
+        wide in the other factor's direction: GEMV, tall-skinny shapes), as packing it
+        would cost as much as the products."""
+        cfg = self.cfg
+        return (cfg.block_n == cfg.micro_n,
+                cfg.block_m == cfg.micro_m and self.panels is None
+                and right_row(self.pattern) is not None)
+
+
+def resolve(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget) -> ResolvedGemm:
+    """``cfg`` fitted to ``pattern`` on ``target`` (see the module's docstring); raises
+    ScheduleConfigError for a config the template cannot generate."""
+    check_config(cfg, target)
+    threads = target.cores
+    extents = role_extents(pattern)
+    sizes = [product(extents[r]) for r in ("m", "n", "k")]
+    workers = threads if cfg.split_k == 1 else worker_groups(cfg, threads)
+    panels = panel_layout(pattern, extents, cfg.micro_n) if pattern.constant_right else None
+
+    def fitted(config: GemmConfig) -> ResolvedGemm:
+        return ResolvedGemm(pattern, config, threads, register_lanes(config, target),
+                            extents=extents, panels=panels)
+    clamped = _clamped(cfg, *sizes)
+    if fitted(clamped).in_place[1]:
+        clamped = _streaming(clamped, *sizes)
+    elif panels is not None:
+        clamped = _one_pass_over_panels(clamped, *sizes)
+    clamped = _balanced(clamped, product(extents["batch"]), *sizes[:2], workers,
+                        packs_right=panels is None)
+    gemm = fitted(_whole_rows(clamped, extents["k"]))
+    gemm = replace(gemm, whole_left=_one_row_of_tiles(gemm, target))
+    _check_stack(gemm)
+    return gemm
+
+
+def register_lanes(cfg: GemmConfig, target: CpuTarget) -> int:
+    """Lanes of the register tile's vectors: a row of 16 floats takes one 512-bit register
+    where the target has them. Tiles are still sized in 256-bit vectors (check_config,
+    the schedule space), so the widest registers serve 16-wide tiles, not tiles twice as
+    wide: on 128 x 768 x 768, 14 x 16 in 512-bit registers ran 9-11% faster than in
+    256-bit ones and 3-10% faster than 14 x 32 or 12 x 32 in 512-bit ones."""
+    return target.register_lanes(cfg.micro_n, ELEMENT_BYTES)
+
+
+def _clamped(cfg: GemmConfig, M, N, K) -> GemmConfig:
+    """Blocks no larger than the constant sizes they tile (no padded work on small dims),
+    and micro-panels of A as even as the register tile allows: as many as micro_m rows
+    need, each of the fewest rows that cover M (M = 49 takes 4 of 13 rows, not 4 of 14)."""
+    if isinstance(M, int):
+        panels = -(-max(M, 1) // cfg.micro_m)
+        micro_m = -(-max(M, 1) // panels)
+        block_m = cfg.block_m // cfg.micro_m * micro_m
+        cfg = replace(cfg, micro_m=micro_m, block_m=min(block_m, round_up(M, micro_m)))
+    if isinstance(N, int):
+        cfg = replace(cfg, block_n=min(cfg.block_n, round_up(N, cfg.micro_n)))
+    if isinstance(K, int):
+        cfg = replace(cfg, block_k=min(cfg.block_k, max(K, 1)))
+    return cfg
+
+
+# A right factor read in place (one micro-panel of rows: GEMV, decoding) streams from
+# memory; short K blocks over wide column blocks walk few rows at a time, each over a
+# long contiguous stretch, which the hardware prefetcher follows (3x faster than 256 x 256
+# on a 1 x 4096 x 4096 GEMV).
+STREAM_BLOCK_K = 8
+STREAM_BLOCK_N = 1024
+
+
+def _streaming(cfg: GemmConfig, M, N, K) -> GemmConfig:
+    block_n = max(cfg.block_n, round_up(STREAM_BLOCK_N, cfg.micro_n))
+    return _clamped(replace(cfg, block_k=min(cfg.block_k, STREAM_BLOCK_K), block_n=block_n),
+                    M, N, K)
+
+
+def _one_pass_over_panels(cfg: GemmConfig, M, N, K) -> GemmConfig:
+    """With one micro-panel of rows (GEMV, decoding), each of B's laid-out micro-panels is
+    read once: all of K in one block streams each micro-panel whole, a long contiguous
+    stretch the hardware prefetcher follows, rather than a short stretch per K block."""
+    one_panel = isinstance(M, int) and M <= cfg.micro_m
+    if one_panel and isinstance(K, int) and 4 * cfg.micro_m * K <= STACK_BYTES // 4:
+        return replace(cfg, block_k=max(K, 1))
+    return cfg
+
+
+def _balanced(cfg: GemmConfig, batch, M, N, workers: int, packs_right: bool) -> GemmConfig:
+    """For constant sizes, blocks no larger than the config's that split M and N evenly and
+    keep ``workers`` equally busy: the most useful work per padded, packed tile slot.
+
+    The overhead term is the packing per multiply-add (PACK_COST_A, PACK_COST_B; on
+    1024^3 larger blocks win over evener ones). A right factor laid out at compile time
+    (``packs_right`` false) costs nothing per tile; between tilings that score alike it
+    then gives each thread rows of its own (M in a multiple of ``workers`` blocks): each
+    packs only its rows of A, where a split of N packs all of A in a parallel loop of its
+    own whose panels every thread reads (128 x 768 x 768: 65-row tiles 5% faster than
+    384-column ones, warm or cold)."""
+    if not all(isinstance(v, int) and v > 0 for v in (batch, M, N)):
+        return cfg
+    mr, nr = cfg.micro_m, cfg.micro_n
+    tiles_m, tiles_n = ceil_div(M, cfg.block_m), ceil_div(N, cfg.block_n)
+    cost_b = PACK_COST_B if packs_right else 0
+
+    def score(tm: int, tn: int) -> tuple[float, int, int, int]:
+        bm, bn = round_up(ceil_div(M, tm), mr), round_up(ceil_div(N, tn), nr)
+        tiles = batch * ceil_div(M, bm) * ceil_div(N, bn)
+        slots = ceil_div(tiles, workers) * workers * bm * bn
+        value = batch * M * N / slots / (1 + PACK_COST_A / bn + cost_b / bm)
+        return value, bm, bn, ceil_div(M, bm)
+
+    candidates = [score(tm, tn) for tm in range(tiles_m, tiles_m + 2 * workers + 1)
+                  for tn in range(tiles_n, tiles_n + 2 * workers + 1)]
+    _, bm, bn, _ = max(candidates, key=lambda c: (c[0], not packs_right and c[3] % workers == 0))
+    return replace(cfg, block_m=bm, block_n=bn)
+
+
+# Positions in a row of K that packing walks without dividing; a shorter innermost axis
+# is merged with the next ones out (see k_row).
+MIN_ROW = 16
+
+
+def k_row(k_extents: Sequence) -> tuple[int, int] | None:
+    """(axes, width): how many innermost of several K axes packing walks as one row (see
+    k_walk), and the row's length. The innermost axis (a convolution's input channels)
+    alone, or merged with the next ones out while shorter than MIN_ROW: the 3 channels of
+    an image make rows of 3 x kernel width, one contiguous stretch of a channels-last
+    input, whose coordinates the simplifier folds back into the address."""
+    count, width = 0, 1
+    for extent in reversed(k_extents[1:]):  # at least one axis stays outside the row
+        if not isinstance(extent, int):
+            break
+        count, width = count + 1, width * extent
+        if width >= MIN_ROW:
+            break
+    return (count, width) if count else None
+
+
+def _whole_rows(cfg: GemmConfig, k_extents: Sequence) -> GemmConfig:
+    """A K block of whole rows, where one fits."""
+    row = k_row(k_extents)
+    if row is not None and row[1] <= cfg.block_k:
+        return replace(cfg, block_k=cfg.block_k // row[1] * row[1])
+    return cfg
+
+
+def _one_row_of_tiles(gemm: ResolvedGemm, target: CpuTarget) -> bool:
+    """Whether every macro-tile spans the same rows (constant M within one block, no batch)
+    and the left factor packed for all of K stays in the cores' L2 caches: the threads
+    then pack A once, together, instead of once per tile each (a 128 x 768 x 3072 dense
+    layer re-packed A for each of its N tiles; a 7x7x512 3x3 convolution, 49 x 4608,
+    spent a fifth of its time packing all of A on both threads). A symbolic tile count
+    packs per tile: that is right for any count."""
+    cfg, M, K, tiles = gemm.cfg, gemm.size("m"), gemm.size("k"), gemm.num_tiles
+    if not (isinstance(M, int) and isinstance(K, int) and M <= cfg.block_m
+            and gemm.size("batch") == 1 and cfg.split_k == 1 and not gemm.in_place[0]
+            and isinstance(tiles, int) and tiles > 1):
+        return False
+    packed_bytes = 4 * ceil_div(K, cfg.block_k) * cfg.block_m * left_row(cfg)
+    return packed_bytes <= target.cores * target.l2_bytes
+
+
+def _check_stack(gemm: ResolvedGemm) -> None:
+    """The config, clamped to the problem, must fit its buffers on the stack."""
+    cfg = gemm.cfg
+    a_floats = 0 if gemm.in_place[0] else cfg.block_m * left_row(cfg)
+    floats = a_floats + _b_pack_floats(gemm) + _output_floats(cfg)
+    if 4 * floats > STACK_BYTES:
+        raise ScheduleConfigError(f"panels and accumulator of {cfg} need {4 * floats} bytes "
+                                  f"of stack, more than {STACK_BYTES}")
+    workspace = 4 * worker_groups(cfg, gemm.threads) * cfg.split_k * cfg.block_m * cfg.block_n
+    if cfg.split_k > 1 and workspace > STACK_BYTES:
+        raise ScheduleConfigError(f"split_k={cfg.split_k} needs a {workspace}-byte workspace, "
+                                  f"more than {STACK_BYTES}")
+
+
+def _b_pack_floats(gemm: ResolvedGemm) -> int:
+    """The size of the right factor's packed panels on the stack."""
+    cfg = gemm.cfg
+    if gemm.panels is not None:
+        return 0
+    return (cfg.micro_n if gemm.in_place[1] else cfg.block_n) * panel_rows(cfg)
+
+
+def _output_floats(cfg: GemmConfig) -> int:
+    """The accumulator of a macro-tile and the finished rows of one micro-panel."""
+    return (cfg.block_m + cfg.micro_m) * cfg.block_n
+
+
+def worker_groups(cfg: GemmConfig, threads: int) -> int:
+    """How many macro-tiles split_k workers compute at once."""
+    return max(1, threads // cfg.split_k)
+
+
+def left_row(cfg: GemmConfig) -> int:
+    """Floats from one packed row of A to the next: block_k and a cache line, so that the
+    rows of a micro-panel fall in different L1 sets when block_k is a power of two."""
+    return cfg.block_k + ceil_div(CACHE_LINE, 4)
+
+
+def panel_rows(cfg: GemmConfig) -> int:
+    """Rows of one packed B micro-panel: block_k, plus at least a cache line (see
+    pack_right)."""
+    return cfg.block_k + ceil_div(CACHE_LINE, 4 * cfg.micro_n)
+
+
+def panel_layout(pattern: GemmPattern, extents: dict, nr: int) -> Compute:
+    """The constant right factor as [ceil(N / nr), K, nr]: a register tile's micro-panel
+    is one contiguous stretch, read in K order as packing would lay it out. Columns past
+    N repeat the last one (their sums are never stored)."""
+    c, N, K = pattern.compute, product(extents["n"]), product(extents["k"])
+
+    def element(q, k, r):
+        n = unravel(minimum(q * nr + r, N - 1), extents["n"])
+        coords = {**dict(zip(pattern.n_axes, n)),
+                  **dict(zip(c.reduce_axes, unravel(k, extents["k"])))}
+        return f32(substitute(pattern.right, coords))
+    return compute("panels", [ceil_div(N, nr), K, nr], element)

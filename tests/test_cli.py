@@ -1,4 +1,4 @@
-"""The treadle command: run and show, and errors as one line with exit status 2."""
+"""The treadle command: run, show and info, and errors as one line with exit status 2."""
 from __future__ import annotations
 
 import re
@@ -92,6 +92,7 @@ def test_show_lists_unsupported_ops(unsupported, capsys):
     (["run", "{affine}", "--dim", "batch=2", "--input", "x={x}"],
      "--dim batch=2 conflicts with input 'x' of shape [3, 5]"),
     (["run", "{unsupported}"], "Wobble (nodes 'wobble_1', 'wobble_2')"),
+    (["run", "{affine}", "--tune", "3"], "--tune 3: expected one of 0, 1, 2, construct"),
     (["run", "{missing}"], "No such file"),
     (["show", "{garbage}"], "not a readable ONNX model"),
 ])
@@ -106,6 +107,18 @@ def test_errors_print_one_line_and_exit_2(affine, unsupported, tmp_path, capsys,
     assert captured.out == ""
     assert captured.err.startswith("treadle: error: ") and captured.err.count("\n") == 1
     assert message in captured.err
+
+
+def test_run_with_constructed_schedules(affine, capsys):
+    assert main(["run", str(affine), "--dim", "batch=3", "--tune", "construct", "--repeat", "1"]) == 0
+    assert "median latency" in capsys.readouterr().out
+
+
+def test_info_prints_the_memory_hierarchy(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "vector registers" in out
+    assert all(level in out for level in ("registers", "L1", "L2", "L3", "DRAM", "GB/s"))
 
 
 def test_the_module_runs_as_a_command(affine):

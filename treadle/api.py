@@ -39,6 +39,7 @@ from treadle.runtime.executor import Executable, Step
 from treadle.runtime.module import load as load_library
 from treadle.specialise import SpecialisingModel, value_inputs
 from treadle.target.cpu import host
+from treadle.tune.exhaustive import LEVELS
 
 if TYPE_CHECKING:
     import onnx
@@ -84,22 +85,24 @@ class CompiledModel:
 
 
 def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph, *,
-            name: str | None = None, tune: int = 0,
+            name: str | None = None, tune: int | str = 0,
             shapes: Mapping[str, Sequence] | None = None) -> CompiledModel | SpecialisingModel:
     """Compiles an ONNX model (a file path, its serialized bytes or an ``onnx.ModelProto``)
     or a treadle graph.
 
     ``tune`` picks how template schedules (matrix multiplications, convolutions) are
     chosen: 0 an analytic default for this CPU, 1 the fastest of a small measured space,
-    2 of the full space. Results are recorded under the cache directory, so compiling
-    the same model again measures nothing. ``shapes`` fixes input shapes by name (for
+    2 of the full space, ``"construct"`` a schedule constructed from the CPU's memory
+    hierarchy without measuring (Gensor), ``"construct+measure"`` the fastest of a few
+    constructed ones. Measured results are recorded under the cache directory, so
+    compiling the same model again measures nothing. ``shapes`` fixes input shapes by name (for
     example ``{"input_ids": [1, 128]}``), turning symbolic dimensions into numbers.
 
     An ONNX model whose shapes depend on the contents of small inputs (a Reshape's target
     shape given as a graph input) gives a ``SpecialisingModel``, compiled at the first call
     with each distinct content (``treadle.specialise``)."""
-    if tune not in (0, 1, 2):
-        raise ValueError(f"tune={tune!r}: expected 0, 1 or 2")
+    if tune not in LEVELS:
+        raise ValueError(f"tune={tune!r}: expected one of {', '.join(map(repr, LEVELS))}")
     try:
         return _compile(model, name, tune, shapes)
     except NeedsValueError as err:
@@ -112,7 +115,7 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph, *,
                                  name or proto.graph.name or "model")
 
 
-def _compile(model, name: str | None, tune: int, shapes) -> CompiledModel:
+def _compile(model, name: str | None, tune: int | str, shapes) -> CompiledModel:
     graph = _as_graph(model, name)
     if shapes:
         graph = infer_shapes(graph, shapes)

@@ -26,6 +26,9 @@ import numpy as np
 from treadle.checker import ATOL, RTOL, random_input
 from treadle.errors import TreadleError
 from treadle.specialise import SpecialisingModel
+from treadle.target.cpu import host
+from treadle.target.memory import memory_hierarchy
+from treadle.tune.exhaustive import LEVELS
 
 EXIT_ERROR = 2
 EXIT_DIFFERS = 1  # `check` found an output that differs from the reference
@@ -53,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="the size of a symbolic dimension of random inputs")
     run.add_argument("--repeat", type=int, default=10, metavar="N",
                      help="timed calls after one warm-up call (default 10)")
+    run.add_argument("--tune", default="0", metavar="LEVEL",
+                     help="how template schedules are chosen: 0 (default), 1, 2 (measured "
+                          "spaces), construct, construct+measure")
     run.set_defaults(command=run_command)
     check = commands.add_parser("check", help="compare a model's outputs with ONNX Runtime's "
                                 "and find the first node that differs")
@@ -70,7 +76,24 @@ def _parser() -> argparse.ArgumentParser:
     show = commands.add_parser("show", help="summarise a model without compiling it")
     show.add_argument("model", help="an ONNX file")
     show.set_defaults(command=show_command)
+    info = commands.add_parser("info", help="the CPU target and its memory hierarchy (probed "
+                               "once, then cached)")
+    info.set_defaults(command=info_command)
     return parser
+
+
+def _tune_level(text: str) -> int | str:
+    level = int(text) if text.isdigit() else text
+    if level not in LEVELS:
+        raise ValueError(f"--tune {text}: expected one of {', '.join(map(str, LEVELS))}")
+    return level
+
+
+def info_command(args) -> None:
+    target = host()
+    print(f"target: {', '.join(target.features) or 'no SIMD extensions'}; "
+          f"{target.vector_registers} vector registers; {target.cores} threads")
+    print(memory_hierarchy().format())
 
 
 # ---- run -------------------------------------------------------------------------------------
@@ -79,7 +102,7 @@ def run_command(args) -> None:
     import treadle
     if args.repeat < 1:
         raise ValueError(f"--repeat {args.repeat}: expected a positive number")
-    model = treadle.compile(args.model)
+    model = treadle.compile(args.model, tune=_tune_level(args.tune))
     files = _pairs(args.input, "--input")
     if isinstance(model, SpecialisingModel):  # compiled for the contents given
         given = {n: np.load(files.pop(n)) for n in model.value_inputs if n in files}

@@ -1,5 +1,5 @@
-"""Exhaustive tuning through the template protocol: measure every distinct point of the
-level's space.
+"""Choosing a template's config through the template protocol: measure every distinct
+point of the level's space (exhaustive tuning), or construct one (``tune.construct``).
 
 Level 0 measures nothing: it is the space's first point the template accepts. Levels 1
 and 2 look up a record first; without one, every point of the space is checked and
@@ -10,6 +10,10 @@ fastest is stored, unless it beats the level-0 point by less than MARGIN: on a s
 machine two measurements of one kernel differ by more than that, and a point that won
 by noise is often slower in the model. Points that fail to build, crash or hang are
 logged and left out; when every point fails, the level-0 point stands.
+
+``"construct"`` takes the best state schedule construction ranks first, measuring
+nothing; ``"construct+measure"`` measures its TOP_K best-ranked states (and the level-0
+point) as above, and records the winner like a tuned one.
 """
 from __future__ import annotations
 
@@ -21,13 +25,15 @@ from typing import Any
 
 from treadle.schedule.template import Template, default_point, valid_points
 from treadle.target.cpu import CpuTarget, host
+from treadle.tune.construct import construct
 from treadle.tune.measure import measure_functions
 from treadle.tune.records import Record, load_record, store_record, workload_text
 
 log = logging.getLogger(__name__)
 
-LEVELS = (0, 1, 2)
+LEVELS = (0, 1, 2, "construct", "construct+measure")
 MARGIN = 0.95  # a measured point replaces the level-0 point when at least 5% faster
+TOP_K = 4  # constructed states measured by "construct+measure"
 
 
 @dataclass(frozen=True)
@@ -40,16 +46,24 @@ class Choice:
     source: str
 
 
-def choose(template: Template, pattern: Any, name: str, level: int,
+def choose(template: Template, pattern: Any, name: str, level: int | str,
            target: CpuTarget | None = None) -> Choice:
-    """The config of ``template`` for ``pattern`` at tuning ``level`` (0, 1 or 2)."""
+    """The config of ``template`` for ``pattern`` at tuning ``level`` (see LEVELS)."""
     if level not in LEVELS:
         raise ValueError(f"tuning level {level!r}: expected one of {LEVELS}")
     target = target or host()
     default = Choice(template, *default_point(template, pattern, target), "default")
     if level == 0:
         return default
-    points = distinct_points(template, pattern, level, target, first=default)
+    if level == "construct":
+        config, resolved = construct(template, pattern, target)[0]
+        return Choice(template, config, resolved, "constructed")
+    if level == "construct+measure":
+        ranked = construct(template, pattern, target)[:TOP_K]
+        points = [(default.config, default.resolved)]
+        points += [p for p in ranked if p[1] != default.resolved]
+    else:
+        points = distinct_points(template, pattern, level, target, first=default)
     if len(points) < 2:
         return default
     workload = workload_text(template, pattern, level, target)

@@ -42,9 +42,12 @@ def simplified(expr, ranges=RANGES) -> str:
     ((i * 6) // 6, "i"),
     ((k * 8) // 8, "k"),  # exact division needs no sign
     ((k * 8 + 3) % 8 * 0, "0"),
+    ((j * 2 + 2) % 8 % 4, "(j + 1) % 2 * 2"),  # the digit a rule builds is simplified too
+    ((i * 2 + 1) % 16 // 4, "i // 2 % 4"),
 ])
 def test_index_algebra(expr, expected):
     assert simplified(expr) == expected
+    assert simplified(simplify_expr(expr, RANGES)) == expected  # idempotent
 
 
 @pytest.mark.parametrize("expr, expected", [

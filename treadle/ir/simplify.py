@@ -329,7 +329,7 @@ def _div_coarse(e: Binary, ranges: Ranges) -> Expr | None:
     if parts is None:
         return None
     x, _, a = parts
-    return Binary("//", x, Const(e.b.value // a, e.dtype))
+    return _apply(Binary("//", x, Const(e.b.value // a, e.dtype)), ranges)
 
 
 def _mod_coarse(e: Binary, ranges: Ranges) -> Expr | None:
@@ -339,7 +339,8 @@ def _mod_coarse(e: Binary, ranges: Ranges) -> Expr | None:
     if parts is None:
         return None
     x, r, a = parts
-    digit = Binary("%", x, Const(e.b.value // a, e.dtype))
+    # x may be a remainder itself, which the digit's own rules fold: (c % 4) % 2 -> c % 2.
+    digit = _apply(Binary("%", x, Const(e.b.value // a, e.dtype)), ranges)
     return Binary("+", Binary("*", digit, Const(a, e.dtype)), r)
 
 

@@ -190,3 +190,27 @@ def test_second_compile_is_served_from_records(cache, small_space, monkeypatch):
 def test_compile_rejects_unknown_levels():
     with pytest.raises(ValueError, match="tune=5"):
         treadle.compile(two_layer_model()[0], tune=5)
+
+
+def test_construct_measures_nothing_and_says_so(cache, monkeypatch):
+    clock = FakeClock(monkeypatch, [])
+    pattern = matmul()
+    choice = choose(pattern, "construct")
+    assert choice.source == "constructed" and clock.calls == 0
+    assert choice.resolved == GEMM.resolve(pattern, choice.config, host())
+
+
+def test_construct_and_measure_times_the_best_constructed_points(cache, monkeypatch):
+    """The level-0 point and up to TOP_K constructed ones are measured; the winner is
+    recorded and replayed like a tuned one."""
+    pattern = matmul(k=96)
+    ranked = exhaustive.construct(GEMM, pattern, host())
+    default = exhaustive.default_point(GEMM, pattern, host())
+    expected = 1 + len([p for p in ranked[:exhaustive.TOP_K] if p[1] != default[1]])
+    assert expected >= 2  # construction ranks other points than the level-0 one here
+    clock = FakeClock(monkeypatch, [2e-3] + [1e-3] + [3e-3] * (expected - 2))
+    choice = choose(pattern, "construct+measure")
+    assert clock.calls == 1 and choice.source == "measured"
+    assert choice.resolved != default[1]
+    assert record_of(pattern, "construct+measure").config == choice.config
+    assert choose(matmul(k=96), "construct+measure").source == "record"

@@ -56,8 +56,8 @@ def choose(template: Template, pattern: Any, name: str, level: int | str,
     if level == 0:
         return default
     if level == "construct":
-        config, resolved = construct(template, pattern, target)[0]
-        return Choice(template, config, resolved, "constructed")
+        config = _constructed(template, pattern, target)
+        return Choice(template, config, template.resolve(pattern, config, target), "constructed")
     if level == "construct+measure":
         ranked = construct(template, pattern, target)[:TOP_K]
         points = [(default.config, default.resolved)]
@@ -83,6 +83,21 @@ def choose(template: Template, pattern: Any, name: str, level: int | str,
     store_record(Record(workload, config, resolved.config,
                         tuple((c, t) for (c, _), t in zip(points, timings))))
     return Choice(template, config, resolved, "measured")
+
+
+# Constructed configs by workload text: a model repeats its layers, and the text names
+# everything construction depends on (the problem, the target, the template's source).
+_CONSTRUCTED: dict[str, Any] = {}
+
+
+def _constructed(template: Template, pattern: Any, target: CpuTarget) -> Any:
+    key = workload_text(template, pattern, "construct", target) if template.config_type else None
+    if key is None or key not in _CONSTRUCTED:
+        config = construct(template, pattern, target)[0][0]
+        if key is None:
+            return config
+        _CONSTRUCTED[key] = config
+    return _CONSTRUCTED[key]
 
 
 def distinct_points(template: Template, pattern: Any, level: int, target: CpuTarget,

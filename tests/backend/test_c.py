@@ -9,7 +9,7 @@ import pytest
 
 from tests.harness import assert_close, random_array
 from treadle.backend.build import build
-from treadle.backend.c import CPrinter, _loop, c_name, generate
+from treadle.backend.c import CPrinter, c_name, generate, print_loop
 from treadle.backend.cpu import CpuPrinter
 from treadle.errors import IRError
 from treadle.ir.builder import FunctionBuilder
@@ -57,7 +57,7 @@ def test_a_loop_kind_the_target_lacks_is_named():
 class OpenMPPrinter(CPrinter):
     """A target that differs from plain C in one table entry: parallel loops."""
     LOOP_PRINTERS = {**CPrinter.LOOP_PRINTERS,
-                     "parallel": lambda p, s: _loop(p, s, "#pragma omp parallel for",
+                     "parallel": lambda p, s: print_loop(p, s, "#pragma omp parallel for",
                                                     special="parallel")}
 
 

@@ -232,7 +232,7 @@ def _libm_call(p: CPrinter, base: str, dtype: DataType, args: Sequence[str]):
     return (f"(_Float16){text}", UNARY) if dtype == dtypes.float16 else (text, PRIMARY)
 
 
-def _scalar_float_call(p: CPrinter, e: Call, base: str):
+def scalar_float_call(p: CPrinter, e: Call, base: str):
     p.no_bfloat16(e, *e.args)
     if e.dtype.is_vector:
         raise IRError(f"{e}: {e.func} is not supported for vector dtype {e.dtype}")
@@ -244,7 +244,7 @@ def _scalar_float_call(p: CPrinter, e: Call, base: str):
 def _abs(p: CPrinter, e: Call):
     (arg,) = e.args
     if e.dtype.is_float or e.dtype.is_vector:
-        return _scalar_float_call(p, e, "fabs")
+        return scalar_float_call(p, e, "fabs")
     if e.dtype.kind == "int":
         return p.call(p.helper("abs", e.dtype), p.text_as(arg, e.dtype))
     return p.expr(arg)  # unsigned and bool values are their own magnitude
@@ -262,9 +262,9 @@ def _reduce(p: CPrinter, e: Call):
 
 # Primitive name -> printer; each printer picks the spelling for the call's dtype.
 CALL_PRINTERS: dict[str, Callable] = {
-    **{name: (lambda p, e, base=base: _scalar_float_call(p, e, base))
+    **{name: (lambda p, e, base=base: scalar_float_call(p, e, base))
        for name, base in LIBM.items()},
-    "fma": lambda p, e: _scalar_float_call(p, e, "fma"),
+    "fma": lambda p, e: scalar_float_call(p, e, "fma"),
     "abs": _abs,
     "reduce_add": _reduce,
     "reduce_max": _reduce,
@@ -306,17 +306,17 @@ def _if(p: CPrinter, s: If) -> None:
     p.emit("}")
 
 
-def _store(p: CPrinter, s: Store) -> None:
+def print_store(p: CPrinter, s: Store) -> None:
     target, _ = p.element(s.buffer, s.indices, s.lanes, store=True)
     value_type = s.buffer.dtype if s.buffer.dtype.is_vector else s.value.dtype
     p.emit(f"{target} = {p.text_as(s.value, value_type)};")
 
 
 def _accumulate(p: CPrinter, s: Accumulate) -> None:
-    _store(p, Store(s.buffer, (), combine(s.op, s.buffer[()], s.value)))
+    print_store(p, Store(s.buffer, (), combine(s.op, s.buffer[()], s.value)))
 
 
-def _let(p: CPrinter, s: Let) -> None:
+def print_let(p: CPrinter, s: Let) -> None:
     value = p.text(s.value)
     p.let_values[s.var] = s.value
     p.emit(f"const {p.type(s.var.dtype)} {p.names.declare(s.var, s.var.name)} = {value};")
@@ -371,7 +371,7 @@ def _for(p: CPrinter, s: For) -> None:
     p.table(p.LOOP_PRINTERS, kind, "LOOP_PRINTERS")(p, s)
 
 
-def _loop(p: CPrinter, s: For, pragma: str | None = None, special: str | None = None) -> None:
+def print_loop(p: CPrinter, s: For, pragma: str | None = None, special: str | None = None) -> None:
     """A C for loop, after ``pragma``; with ``special``, its body printed as that kind of
     special loop (see CPrinter.special_loop)."""
     if pragma:
@@ -393,15 +393,15 @@ def _loop(p: CPrinter, s: For, pragma: str | None = None, special: str | None = 
 def _unrolled(p: CPrinter, s: For) -> None:
     pragma = (f"#pragma GCC unroll {max(1, min(s.extent.value, UNROLL_CAP))}"
               if isinstance(s.extent, Const) else None)
-    _loop(p, s, pragma)
+    print_loop(p, s, pragma)
 
 
 # Loop kind -> printer. A vectorize loop is serial unless a target vectorises it; a
 # parallel one has no plain C spelling.
 LOOP_PRINTERS: dict[str, Callable] = {
-    "serial": lambda p, s: _loop(p, s),
+    "serial": lambda p, s: print_loop(p, s),
     "unroll": _unrolled,
-    "vectorize": lambda p, s: _loop(p, s),
+    "vectorize": lambda p, s: print_loop(p, s),
 }
 
 
@@ -415,9 +415,9 @@ STMT_PRINTERS: dict[type, Callable] = {
     Seq: _seq,
     For: _for,
     If: _if,
-    Store: _store,
+    Store: print_store,
     Accumulate: _accumulate,
-    Let: _let,
+    Let: print_let,
     DeclBuffer: _decl_buffer,
     Assert: _assert,
     Evaluate: lambda p, s: p.emit(f"(void){p.wrap(s.expr, UNARY)};"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from treadle.backend.c import (CALL_PRINTERS, LOOP_PRINTERS, PRIMARY, STMT_PRINTERS, CPrinter,
-                               _let, _loop, _scalar_float_call, _store, c_name)
+                               c_name, print_let, print_loop, print_store, scalar_float_call)
 from treadle.backend.c import generate as generate_c
 from treadle.errors import IRError
 from treadle.ir import dtypes
@@ -56,7 +56,7 @@ static void treadle_parallel_for(int64_t n, treadle_loop_body body, void *ctx) {
 
 def _fma(p: CpuPrinter, e: Call):
     if not e.dtype.is_vector:
-        return _scalar_float_call(p, e, "fma")
+        return scalar_float_call(p, e, "fma")
     have = [d for d in FMA_INTRINSICS if d.nbytes <= host().widest_simd_bytes]
     if e.dtype not in have:
         raise IRError(f"{e}: fma is not supported for vector dtype {e.dtype} on this CPU "
@@ -233,21 +233,21 @@ def _accumulate(p: CpuPrinter, s: Accumulate) -> None:
     # See _nan_flags: an ordered compare keeps the accumulator where the value is NaN.
     value = Var(f"{s.buffer.name}_value", s.buffer.dtype)
     acc = s.buffer[()]
-    _let(p, Let(value, s.value))
+    print_let(p, Let(value, s.value))
     name = p.name_of(value)
     p.emit(f"{flag} |= -({name} != {name});")
-    _store(p, Store(s.buffer, (), Select(Binary(ORDERED[s.op], value, acc), value, acc)))
+    print_store(p, Store(s.buffer, (), Select(Binary(ORDERED[s.op], value, acc), value, acc)))
 
 
 def _vectorize(p: CpuPrinter, s: For) -> None:
     if not _nan_flags_needed(s):
-        _loop(p, s, _simd(p, s), special="vectorize")
+        print_loop(p, s, _simd(p, s), special="vectorize")
         return
     p.emit("{")
     p.depth += 1
     p.names.push()
     p.nan_flags = _nan_flags(p, s)
-    _loop(p, s, _simd(p, s), special="vectorize")
+    print_loop(p, s, _simd(p, s), special="vectorize")
     _close_nan_flags(p, p.nan_flags)
     p.nan_flags = {}
     p.names.pop()

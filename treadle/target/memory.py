@@ -115,7 +115,7 @@ def probe(target: CpuTarget) -> MemoryHierarchy:
     levels = []
     for name, capacity in [*caches.items(), ("DRAM", DRAM_BYTES)]:
         size = capacity // 2 if name != "DRAM" else max(DRAM_PROBE_BYTES, 4 * target.l3_bytes)
-        latency = min(chase(size, hops) for hops in (1 << 20,) * 3)
+        latency = min(chase(size, 1 << 20) for _ in range(3))
         bytes_per_ns = max(stream(size, max(1 << 26, 4 * size) // size) for _ in range(3))
         if not (latency > 0 and bytes_per_ns > 0):
             raise RuntimeError(f"{name}: latency {latency} ns, bandwidth {bytes_per_ns} B/ns")

@@ -15,9 +15,9 @@ to instruction counts, rarely reach). Candidates are ranked by an analytic laten
 to measurements), evaluated on the *resolved* config (``Template.resolve``: what runs).
 The method "space" ranks the space and the level-0 point alone, without the chain.
 
-Chosen by measurement on this project's machines (bench/construct.py): T0 = 2^48 and a
-threshold of 1 (48 steps, enough to grow a register tile, an L1 block and an L2 block),
-8 chains. Deterministic for a given target, memory hierarchy and seed.
+The paper leaves T0, the threshold and the chain count open; chosen here, not tuned:
+T0 = 2^48 and a threshold of 1 (48 steps, enough to grow a register tile, an L1 block and
+an L2 block), 8 chains. Deterministic for a given target, memory hierarchy and seed.
 
 The greedy constructor grows, level by level, the tile dimension of highest tiling
 benefit while one above 1 fits, then caches outward (and adds chains while they pay):
@@ -200,7 +200,7 @@ def gemm_config(state: State) -> GemmConfig:
 # The model's terms, each in seconds at its level's nominal rate, and the weight of each:
 # fitted (non-negative least squares on relative error, ``bench/construct.py --fit``) to
 # the measured times of every level-2 point of the benchmark's GEMM-template operators.
-# Fitted on an AMD EPYC (Zen 4, AVX-512, 2 threads) over 31 operators and 1450 points;
+# Fitted on an AMD EPYC (Zen 4, AVX-512, 2 threads) over 28 operators and 1330 points;
 # cross-validated on two halves of the operators, the model's pick among each level-2
 # space measured 0.92x and 0.95x the fastest (geometric means). "memory" and "blocks"
 # fitted to 0: their time hides under the others on these shapes.

@@ -53,11 +53,18 @@ def choose(template: Template, pattern: Any, name: str, level: int | str,
         raise ValueError(f"tuning level {level!r}: expected one of {LEVELS}")
     target = target or host()
     default = Choice(template, *default_point(template, pattern, target), "default")
-    if level == 0:
+    if level == 0 or template.config_type is None:  # nothing to choose
         return default
     if level == "construct":
         config = _constructed(template, pattern, target)
         return Choice(template, config, template.resolve(pattern, config, target), "constructed")
+    # A stored record is looked up first: replaying it needs neither the space nor
+    # construction (a second compile of a tuned model).
+    workload = workload_text(template, pattern, level, target)
+    record = load_record(workload, template, pattern, target)
+    if record is not None:
+        return Choice(template, record.config, template.resolve(pattern, record.config, target),
+                      "record")
     if level == "construct+measure":
         ranked = construct(template, pattern, target)[:TOP_K]
         points = [(default.config, default.resolved)]
@@ -66,11 +73,6 @@ def choose(template: Template, pattern: Any, name: str, level: int | str,
         points = distinct_points(template, pattern, level, target, first=default)
     if len(points) < 2:
         return default
-    workload = workload_text(template, pattern, level, target)
-    record = load_record(workload, template, pattern, target)
-    if record is not None:
-        return Choice(template, record.config, template.resolve(pattern, record.config, target),
-                      "record")
     timings = _measure(template, name, points)
     measured = [(p, t) for p, t in zip(points, timings) if t is not None]
     if not measured:
@@ -91,12 +93,9 @@ _CONSTRUCTED: dict[str, Any] = {}
 
 
 def _constructed(template: Template, pattern: Any, target: CpuTarget) -> Any:
-    key = workload_text(template, pattern, "construct", target) if template.config_type else None
-    if key is None or key not in _CONSTRUCTED:
-        config = construct(template, pattern, target)[0][0]
-        if key is None:
-            return config
-        _CONSTRUCTED[key] = config
+    key = workload_text(template, pattern, "construct", target)
+    if key not in _CONSTRUCTED:
+        _CONSTRUCTED[key] = construct(template, pattern, target)[0][0]
     return _CONSTRUCTED[key]
 
 

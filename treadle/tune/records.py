@@ -16,6 +16,7 @@ record therefore replays to the resolved config it stored, and to the same progr
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -46,7 +47,7 @@ class Record:
 def workload_text(template: Template, pattern: Any, level: int, target: CpuTarget) -> str:
     return "\n".join([template.workload(pattern), f"target: {target}",
                       f"threads: {config.num_threads}", f"level: {level}",
-                      f"template: {template.name} {_source_digest(template)}"])
+                      f"template: {template.name} {_source_digest(type(template))}"])
 
 
 def record_key(workload: str) -> str:
@@ -110,9 +111,10 @@ def _config(data: dict, kind: type) -> Any:
     return kind(**data)
 
 
-def _source_digest(template: Template) -> str:
-    """A digest of the template's source: its module, or every module of its package."""
-    path = Path(inspect.getfile(type(template)))
+@functools.lru_cache(maxsize=None)  # read once per process, not once per kernel
+def _source_digest(kind: type) -> str:
+    """A digest of a template's source: its module, or every module of its package."""
+    path = Path(inspect.getfile(kind))
     files = sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]
     digest = hashlib.sha256()
     for file in files:

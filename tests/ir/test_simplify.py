@@ -114,6 +114,11 @@ def test_division_rules_need_a_non_negative_dividend():
     (logical_and(j > 8, i < n), "False"),
     (Binary("or", j < 8, i < n), "True"),
     (~~(i < n), "i < n"),
+    # a broadcast of two symbolic sizes, one of which may be 1: both branches agree at 1
+    (select(eq(n, 1), minimum(n, 512), n), "n"),
+    (select(eq(1, n), n * n, n), "n"),
+    (select(eq(n, 2), minimum(n, 512), n), "n"),
+    (select(eq(n, 1), minimum(n, 0), n), "select(n == 1, 0, n)"),
 ])
 def test_conditions_decided_by_ranges(expr, expected):
     assert simplified(expr) == expected

@@ -6,10 +6,11 @@ Buffers are leaves: their shapes are part of their identity and are never rewrit
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Iterator, Mapping, Union
 
 from treadle.ir.expr import Binary, Cast, Const, Expr, Select, Unary, Var
-from treadle.ir.stmt import Stmt
+from treadle.ir.stmt import For, ForTask, Let, Stmt
 
 Node = Union[Expr, Stmt]
 
@@ -18,11 +19,15 @@ def _is_node(value) -> bool:
     return isinstance(value, (Expr, Stmt))
 
 
+@functools.lru_cache(maxsize=None)
+def _fields(kind: type) -> tuple[str, ...]:
+    """The names of a node type's init fields (``dataclasses.fields`` is slow per call)."""
+    return tuple(f.name for f in dataclasses.fields(kind) if f.init)
+
+
 def children(node: Node) -> Iterator[Node]:
-    for f in dataclasses.fields(node):
-        if not f.init:
-            continue
-        value = getattr(node, f.name)
+    for name in _fields(type(node)):
+        value = getattr(node, name)
         if _is_node(value):
             yield value
         elif isinstance(value, tuple):
@@ -42,18 +47,20 @@ def rewrite(node: Node, fn: Callable[[Node], Node | None]) -> Node:
     """Rebuilds the tree bottom-up; ``fn`` sees each rebuilt node and returns a replacement
     or None to keep it. Unchanged subtrees are shared, not copied."""
     changes = {}
-    for f in dataclasses.fields(node):
-        if not f.init:
-            continue
-        value = getattr(node, f.name)
+    for name in _fields(type(node)):
+        value = getattr(node, name)
         if _is_node(value):
             new = rewrite(value, fn)
         elif isinstance(value, tuple) and any(_is_node(v) for v in value):
             new = tuple(rewrite(v, fn) if _is_node(v) else v for v in value)
+            if all(a is b for a, b in zip(new, value)):
+                continue
         else:
             continue
-        if new is not value and new != value:
-            changes[f.name] = new
+        # Unchanged subtrees come back as the same object; comparing a rebuilt one with
+        # the old would walk both (quadratic on deep trees).
+        if new is not value:
+            changes[name] = new
     rebuilt = dataclasses.replace(node, **changes) if changes else node
     result = fn(rebuilt)
     return rebuilt if result is None else result
@@ -67,6 +74,17 @@ def substitute(node: Node, mapping: Mapping[Var, Expr]) -> Node:
 
 def free_vars(node: Node) -> set[Var]:
     return {n for n in walk(node) if isinstance(n, Var)}
+
+
+def bound_vars(stmt: Stmt) -> set[Var]:
+    """Variables the statement binds itself: loop, task and let variables."""
+    bound = set()
+    for n in walk(stmt):
+        if isinstance(n, (For, Let)):
+            bound.add(n.var)
+        elif isinstance(n, ForTask):
+            bound.update(n.vars)
+    return bound
 
 
 def _c_div(a: int, b: int) -> int:

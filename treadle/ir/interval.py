@@ -67,8 +67,11 @@ class Interval:
         return _interval(min(corners), max(corners))
 
     def div(self, other: Interval) -> Interval:
-        """C division (rounding toward zero) by a positive divisor; unbounded otherwise."""
+        """C division (rounding toward zero) by a positive divisor, or by a size that may
+        be 0 (division by zero gives 0 in generated code); unbounded otherwise."""
         (lo, hi), (dlo, dhi) = self.ends(), other.ends()
+        if dlo == 0 and dhi >= 1:
+            return self.div(Interval(1, other.hi)).union(Interval.point(0))
         if dlo <= 0:
             return Interval()
         # The quotient grows with the dividend; a larger divisor pulls it toward zero.
@@ -76,8 +79,11 @@ class Interval:
                          _trunc_div(hi, dlo if hi >= 0 else dhi))
 
     def mod(self, other: Interval) -> Interval:
-        """C remainder by a positive divisor: the dividend's sign, magnitude below it."""
+        """C remainder by a positive divisor: the dividend's sign, magnitude below it; by a
+        size that may be 0, also 0."""
         (lo, hi), (dlo, dhi) = self.ends(), other.ends()
+        if dlo == 0 and dhi >= 1:
+            return self.mod(Interval(1, other.hi)).union(Interval.point(0))
         if dlo <= 0:
             return Interval()
         largest = dhi - 1

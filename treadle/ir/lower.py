@@ -2,13 +2,15 @@
 generation, chosen per target (``PIPELINES``, by the target's kind).
 
 On the CPU, order matters: task mappings become loops first, so that barrier splitting sees plain
-worker loops; simplification runs over the index arithmetic both passes introduce;
+worker loops; simplification runs over the index arithmetic both passes introduce; divisions by run-time
+sizes then leave the loops they do not vary in (``hoist``);
 half-precision arithmetic is widened last, so that no simplification folds its rounding casts away.
 """
 from __future__ import annotations
 
 from treadle.config import config
 from treadle.dump import dump_text
+from treadle.ir.passes.hoist import hoist
 from treadle.ir.passes.lower_mapping import lower_mapping
 from treadle.ir.passes.simplify import simplify
 from treadle.ir.passes.split_barriers import split_barriers
@@ -19,7 +21,7 @@ from treadle.target.cpu import CpuTarget, host
 
 # Target kind -> its passes. A CPU worker loop runs its barriers' phases in turn
 # (split_barriers); a target with hardware barriers keeps them.
-PIPELINES = {"cpu": (lower_mapping, split_barriers, simplify, widen_half)}
+PIPELINES = {"cpu": (lower_mapping, split_barriers, simplify, hoist, widen_half)}
 
 
 def lower(func: Function, target: CpuTarget | None = None) -> Function:

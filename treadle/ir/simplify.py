@@ -26,7 +26,7 @@ import numpy as np
 
 from treadle.ir.dtypes import DataType
 from treadle.ir.expr import Binary, Broadcast, Call, Cast, Const, Expr, Load, Select, Unary, Var
-from treadle.ir.functor import children, evaluate, rewrite
+from treadle.ir.functor import children, evaluate, rewrite, substitute
 from treadle.ir.interval import Interval, Ranges, bound, int_limits, is_index_dtype
 
 __all__ = ["Interval", "bound", "simplify_expr"]
@@ -437,6 +437,22 @@ def _select_const(e: Select, ranges: Ranges) -> Expr | None:
     return e.then if e.then == e.otherwise else None
 
 
+def _select_equal_at_case(e: Select, ranges: Ranges) -> Expr | None:
+    # select(v == c, a, b) -> b when a and b agree at v = c: a broadcast size that is 1
+    # (select(seq == 1, min(seq, 512), seq) is seq), which would otherwise keep every
+    # index of a symbolic shape from simplifying
+    cond = e.cond
+    if _op(cond) != "==":
+        return None
+    for var, value in ((cond.a, cond.b), (cond.b, cond.a)):
+        if isinstance(var, Var) and isinstance(value, Const):
+            at = {var: value}
+            if simplify_expr(substitute(e.then, at), ranges) == \
+                    simplify_expr(substitute(e.otherwise, at), ranges):
+                return e.otherwise
+    return None
+
+
 def _cast_noop(e: Cast, ranges: Ranges) -> Expr | None:
     # cast(x, t) -> x when x already has type t
     return e.value if e.value.dtype == e.dtype else None
@@ -461,7 +477,7 @@ RULES: dict[str, list[Rule]] = {
     "neg": [_fold, _normal_form, _involution],
     "not": [_fold, _involution, _not_compare],
     "~": [_fold, _involution],
-    "select": [_fold, _select_const],
+    "select": [_fold, _select_const, _select_equal_at_case],
     "cast": [_fold, _cast_noop],
 }
 

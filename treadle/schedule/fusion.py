@@ -31,12 +31,12 @@ from treadle.graph.tensor import Dim, Tensor
 from treadle.ir.compute import Compute, reachable
 from treadle.ir.dtypes import index_type
 from treadle.ir.expr import Buffer, Expr, Load, Var, as_expr
-from treadle.ir.functor import free_vars, rewrite, substitute, walk
+from treadle.ir.functor import bound_vars, free_vars, rewrite, substitute, walk
 from treadle.ir.mapping import ravel, unravel
 from treadle.ir.tabulate import tabulate
 from treadle.ir.simplify import simplify_expr
 from treadle.ir.stmt import Assert, For, Function, Let, Seq, Stmt, Store
-from treadle.schedule.rules import Inliner, Kernel, bound_vars, canonical_names
+from treadle.schedule.rules import Inliner, Kernel, canonical_names
 
 
 class FusionError(TreadleError):

@@ -25,9 +25,9 @@ from typing import Collection, Sequence
 
 from treadle.ir.compute import Compute, identity_of, producer_of, reachable
 from treadle.ir.expr import Buffer, Call, Const, Expr, Load, Var, as_expr
-from treadle.ir.functor import free_vars, rewrite, substitute, walk
+from treadle.ir.functor import bound_vars, free_vars, rewrite, substitute, walk
 from treadle.ir.mapping import unravel
-from treadle.ir.stmt import (Accumulate, Assert, DeclBuffer, For, ForTask, Function, Let, Seq,
+from treadle.ir.stmt import (Accumulate, Assert, DeclBuffer, For, Function, Let, Seq,
                              Stmt, Store)
 from treadle.ir.builder import seq
 
@@ -99,7 +99,8 @@ def canonical_names(func: Function, num_inputs: int, num_outputs: int) -> Functi
     for node in walk(func.body):
         if isinstance(node, Var) and node not in symbols and node not in variables:
             variables[node] = Var(next(fresh), node.dtype)
-        if isinstance(node, DeclBuffer):
+        if isinstance(node, DeclBuffer) and node.buffer not in buffers:  # a buffer that
+            # several branches declare alike (variants of a dispatching kernel) keeps one name
             buffers[node.buffer] = replace(node.buffer, name=f"acc{len(buffers)}")
 
     def rename(node):
@@ -110,17 +111,6 @@ def canonical_names(func: Function, num_inputs: int, num_outputs: int) -> Functi
         return None
     params = tuple(buffers.get(p, p) for p in func.params)
     return Function(func.name, params, rewrite(func.body, rename), func.attrs)
-
-
-def bound_vars(stmt: Stmt) -> set[Var]:
-    """Variables the statement binds itself: loop, task and let variables."""
-    bound = set()
-    for n in walk(stmt):
-        if isinstance(n, (For, Let)):
-            bound.add(n.var)
-        elif isinstance(n, ForTask):
-            bound.update(n.vars)
-    return bound
 
 
 # Calls that cost more than storing and reloading their result in cache.

@@ -1,0 +1,52 @@
+"""hoist: divisions by run-time sizes bound before the loops they do not vary in, with the
+program's results unchanged."""
+import numpy as np
+
+from treadle.ir.builder import FunctionBuilder
+from treadle.ir.dtypes import float32
+from treadle.ir.expr import Binary, Const
+from treadle.ir.functor import walk
+from treadle.ir.lower import PIPELINES, lower
+from treadle.ir.passes.hoist import hoist
+from treadle.ir.stmt import For, Let
+from treadle.runtime.module import compile_function
+
+
+def _rows_program():
+    """Y[r, j] = X[r // n, r % n, j] * 2 over rows r of [b, n]: the row's quotient and
+    remainder are invariant in the j loop."""
+    with FunctionBuilder("rows") as fb:
+        b, n = fb.symbol("b"), fb.symbol("n")
+        x = fb.param("X", float32, [b, n, 8])
+        y = fb.param("Y", float32, [b * n, 8])
+        for r in fb.range(b * n, name="r"):
+            for j in fb.range(8, name="j"):
+                y[r, j] = x[r // n, r % n, j] * 2.0
+    return fb.function
+
+
+def _divisions_in_loop(loop: For) -> list:
+    return [e for e in walk(loop.body) if isinstance(e, Binary) and e.op in ("//", "%")
+            and not isinstance(e.b, Const)]
+
+
+def test_invariant_divisions_leave_the_inner_loop():
+    hoisted = hoist(_rows_program())
+    loops = {s.var.name: s for s in walk(hoisted.body) if isinstance(s, For)}
+    assert _divisions_in_loop(loops["j"]) == []
+    lets = [s for s in walk(loops["r"].body) if isinstance(s, Let)]
+    assert sorted(s.value.op for s in lets) == ["%", "//"]
+    # Nothing is left to hoist out of the row loop: its divisions vary with r.
+    assert len(_divisions_in_loop(loops["r"])) == 2
+
+
+def test_hoisted_program_computes_the_same():
+    function = compile_function(_rows_program())
+    assert hoist in PIPELINES["cpu"]
+    x = np.random.default_rng(0).standard_normal((3, 5, 8)).astype(np.float32)
+    y = np.zeros((15, 8), np.float32)
+    function(x, y)
+    np.testing.assert_array_equal(y, (x * 2).reshape(15, 8))
+    lowered = lower(_rows_program())
+    assert all(_divisions_in_loop(s) == [] for s in walk(lowered.body)
+               if isinstance(s, For) and s.var.name.startswith("j"))

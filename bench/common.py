@@ -20,15 +20,17 @@ MODELS_SOURCE = Path(treadle.__file__).resolve().parent / "models"
 RELATIVE_TOLERANCE = 1e-3  # of relative_error, for an output to pass
 
 
-def exported(name: str, reduced: bool, dynamic_seq: bool = False, batch: int = 1) -> ModelSpec:
+def exported(name: str, reduced: bool, dynamic_seq: bool = False, batch: int = 1,
+             dynamic_batch: bool = False) -> ModelSpec:
     """The model's ONNX file and spec, from the cache when it is newer than the zoo code."""
     stem = (name + ("-reduced" if reduced else "") + ("-seq" if dynamic_seq else "")
-            + (f"-b{batch}" if batch != 1 else ""))
+            + ("-batch" if dynamic_batch else "") + (f"-b{batch}" if batch != 1 else ""))
     path, meta = OUT / f"{stem}.onnx", OUT / f"{stem}.spec.pkl"
     newest_source = max(p.stat().st_mtime for p in MODELS_SOURCE.glob("*.py"))
     if path.exists() and meta.exists() and meta.stat().st_mtime > newest_source:
         return pickle.loads(meta.read_bytes())
-    spec = export_onnx(name, path, reduced=reduced, batch=batch, dynamic_seq=dynamic_seq)
+    spec = export_onnx(name, path, reduced=reduced, batch=batch, dynamic_seq=dynamic_seq,
+                       dynamic_batch=dynamic_batch)
     meta.write_bytes(pickle.dumps(spec))
     return spec
 

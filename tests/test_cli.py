@@ -94,6 +94,9 @@ def test_show_lists_unsupported_ops(unsupported, capsys):
     (["run", "{unsupported}"], "Wobble (nodes 'wobble_1', 'wobble_2')"),
     (["run", "{affine}", "--tune", "3"], "--tune 3: expected one of 0, 1, 2, construct"),
     (["run", "{missing}"], "No such file"),
+    (["run", "{affine}", "--dynamic", "batch=1-8"], "--dynamic batch=1-8: expected LO:HI"),
+    (["run", "{affine}", "--dynamic", "bach=1:8"], "dynamic names 'bach', which no input"),
+    (["run", "{affine}", "--dynamic", "batch=8:1"], "lo is greater than hi"),
     (["show", "{garbage}"], "not a readable ONNX model"),
 ])
 def test_errors_print_one_line_and_exit_2(affine, unsupported, tmp_path, capsys, argv, message):
@@ -111,6 +114,12 @@ def test_errors_print_one_line_and_exit_2(affine, unsupported, tmp_path, capsys,
 
 def test_run_with_constructed_schedules(affine, capsys):
     assert main(["run", str(affine), "--dim", "batch=3", "--tune", "construct", "--repeat", "1"]) == 0
+    assert "median latency" in capsys.readouterr().out
+
+
+def test_run_with_a_dynamic_range(affine, capsys):
+    assert main(["run", str(affine), "--dim", "batch=3", "--dynamic", "batch=1:16",
+                 "--repeat", "1"]) == 0
     assert "median latency" in capsys.readouterr().out
 
 

@@ -34,11 +34,14 @@ from treadle.compiler import compile_graph
 from treadle.errors import ModelError, NeedsValueError
 from treadle.graph.graph import Graph
 from treadle.graph.passes.infer_shapes import infer_shapes
+from treadle.ir.expr import as_expr
+from treadle.ir.functor import free_vars
 from treadle.runtime import pool
 from treadle.runtime.executor import Executable, Step
 from treadle.runtime.module import load as load_library
 from treadle.specialise import SpecialisingModel, value_inputs
 from treadle.target.cpu import host
+from treadle.tune.dynamic import size_ranges
 from treadle.tune.exhaustive import LEVELS
 
 if TYPE_CHECKING:
@@ -86,7 +89,8 @@ class CompiledModel:
 
 def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph, *,
             name: str | None = None, tune: int | str = 0,
-            shapes: Mapping[str, Sequence] | None = None) -> CompiledModel | SpecialisingModel:
+            shapes: Mapping[str, Sequence] | None = None,
+            dynamic: Mapping[str, object] | None = None) -> CompiledModel | SpecialisingModel:
     """Compiles an ONNX model (a file path, its serialized bytes or an ``onnx.ModelProto``)
     or a treadle graph.
 
@@ -98,28 +102,51 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph, *,
     compiling the same model again measures nothing. ``shapes`` fixes input shapes by name (for
     example ``{"input_ids": [1, 128]}``), turning symbolic dimensions into numbers.
 
+    ``dynamic`` declares the sizes a symbolic dimension takes, as ``{"seq": (1, 512)}``, a
+    list of the sizes expected, or a ``{size: weight}`` histogram: the matrix
+    multiplications and convolutions whose sizes depend on it are then tuned over the
+    whole range at once (``treadle.tune.dynamic``; at least at level 1, measuring about as
+    long as one size takes), into a few variants and a dispatcher choosing among them at
+    each call. Every size still runs, in the range or out of it.
+
     An ONNX model whose shapes depend on the contents of small inputs (a Reshape's target
     shape given as a graph input) gives a ``SpecialisingModel``, compiled at the first call
     with each distinct content (``treadle.specialise``)."""
     if tune not in LEVELS:
         raise ValueError(f"tune={tune!r}: expected one of {', '.join(map(repr, LEVELS))}")
+    ranges = size_ranges(dynamic) if dynamic else {}
+    if ranges and isinstance(tune, str):
+        raise ValueError(f"tune={tune!r} does not combine with dynamic=: dynamic shapes are "
+                         "tuned by measurement (tune=0, 1 or 2)")
     try:
-        return _compile(model, name, tune, shapes)
+        return _compile(model, name, tune, shapes, ranges)
     except NeedsValueError as err:
         from treadle.frontend.onnx import load_model
         proto = None if isinstance(model, Graph) else load_model(model)
         inputs = [] if proto is None else value_inputs(proto, err.tensor)
         if not inputs:
             raise
-        return SpecialisingModel(proto, inputs, lambda bound: _compile(bound, name, tune, shapes),
+        return SpecialisingModel(proto, inputs,
+                                 lambda bound: _compile(bound, name, tune, shapes, ranges),
                                  name or proto.graph.name or "model")
 
 
-def _compile(model, name: str | None, tune: int | str, shapes) -> CompiledModel:
+def _compile(model, name: str | None, tune: int | str, shapes, ranges) -> CompiledModel:
     graph = _as_graph(model, name)
     if shapes:
         graph = infer_shapes(graph, shapes)
-    return CompiledModel(compile_graph(graph, tune=tune), graph.name)
+    if ranges:
+        _check_symbols(graph, ranges)
+    return CompiledModel(compile_graph(graph, tune=tune, dynamic=ranges), graph.name)
+
+
+def _check_symbols(graph: Graph, ranges: Mapping) -> None:
+    symbols = {v.name for t in graph.inputs for d in t.shape for v in free_vars(as_expr(d))}
+    unknown = sorted(set(ranges) - symbols)
+    if unknown:
+        raise ValueError(f"dynamic names {', '.join(map(repr, unknown))}, which no input of "
+                         f"{graph.name!r} has as a dimension (its symbols: "
+                         f"{', '.join(sorted(symbols)) or 'none'})")
 
 
 def _as_graph(model, name: str | None) -> Graph:

@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--tune", default="0", metavar="LEVEL",
                      help="how template schedules are chosen: 0 (default), 1, 2 (measured "
                           "spaces), construct, construct+measure")
+    run.add_argument("--dynamic", action="append", default=[], metavar="SYMBOL=LO:HI",
+                     help="tune the kernels that depend on a symbolic dimension over the "
+                          "sizes LO..HI at once, with a dispatcher choosing per call")
     run.set_defaults(command=run_command)
     check = commands.add_parser("check", help="compare a model's outputs with ONNX Runtime's "
                                 "and find the first node that differs")
@@ -102,7 +105,8 @@ def run_command(args) -> None:
     import treadle
     if args.repeat < 1:
         raise ValueError(f"--repeat {args.repeat}: expected a positive number")
-    model = treadle.compile(args.model, tune=_tune_level(args.tune))
+    dynamic = {k: _size_range(k, v) for k, v in _pairs(args.dynamic, "--dynamic").items()}
+    model = treadle.compile(args.model, tune=_tune_level(args.tune), dynamic=dynamic or None)
     files = _pairs(args.input, "--input")
     if isinstance(model, SpecialisingModel):  # compiled for the contents given
         given = {n: np.load(files.pop(n)) for n in model.value_inputs if n in files}
@@ -145,6 +149,13 @@ def _size(symbol: str, text: str) -> int:
     if not text.isdigit():
         raise ValueError(f"--dim {symbol}={text}: expected a non-negative integer size")
     return int(text)
+
+
+def _size_range(symbol: str, text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition(":")
+    if not (sep and lo.isdigit() and hi.isdigit()):
+        raise ValueError(f"--dynamic {symbol}={text}: expected LO:HI, two non-negative sizes")
+    return int(lo), int(hi)
 
 
 def _inputs(model, files: dict[str, str], dims: dict[str, int]) -> dict[str, np.ndarray]:

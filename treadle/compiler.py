@@ -13,7 +13,7 @@ of times and one file for all would use a single core.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from treadle.backend.build import build_many
 from treadle.backend.cpu import generate
@@ -29,11 +29,14 @@ from treadle.ir.stmt import Function
 from treadle.runtime.executor import Executable, Slot, Step
 from treadle.runtime.module import CompiledFunction, exported_symbols, load
 from treadle.runtime.step_runner import library_path
+from treadle.schedule.dispatch import dispatching_kernel
 from treadle.schedule.fusion import FusedKernel, schedule_plan
 from treadle.schedule.operator import select_template
 from treadle.schedule.rules import Kernel
 from treadle.target.cpu import CpuTarget, host
 from treadle.tune import Choice, choose
+from treadle.tune.dynamic import (DynamicChoice, SizeRange, Tree, choose_dynamic,
+                                  dynamic_symbols)
 
 FUNCTIONS_PER_OBJECT = 24
 
@@ -50,16 +53,20 @@ class PlannedStep:
     workspaces: tuple[Slot, ...] = ()
 
 
-def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int = 0,
-                  strategy: str = "greedy") -> Executable:
-    """``tune``: the tuning level of template configs (0 analytic, 1 small, 2 full);
-    ``strategy``: how the kernels are chosen (``graph.kernel_plan.STRATEGIES``).
-    Under TREADLE_DUMP, everything is dumped into a folder of this compile's own."""
+def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int | str = 0,
+                  strategy: str = "greedy",
+                  dynamic: Mapping[str, SizeRange] | None = None) -> Executable:
+    """``tune``: the tuning level of template configs (``tune.exhaustive.LEVELS``);
+    ``strategy``: how the kernels are chosen (``graph.kernel_plan.STRATEGIES``);
+    ``dynamic``: ranges of symbols, over which the kernels that depend on them are tuned
+    (``tune.dynamic``). Under TREADLE_DUMP, everything is dumped into a folder of this
+    compile's own."""
     with dump_folder(graph.name):
-        return _compile_graph(graph, optimize_graph, tune, strategy)
+        return _compile_graph(graph, optimize_graph, tune, strategy, dynamic or {})
 
 
-def _compile_graph(graph: Graph, optimize_graph: bool, tune: int, strategy: str) -> Executable:
+def _compile_graph(graph: Graph, optimize_graph: bool, tune: int | str, strategy: str,
+                   dynamic: Mapping[str, SizeRange]) -> Executable:
     if optimize_graph:
         graph = optimize(graph)
     slots = _Slots(graph)
@@ -73,7 +80,7 @@ def _compile_graph(graph: Graph, optimize_graph: bool, tune: int, strategy: str)
                                      (slots[plan.anchor.outputs[0]],)))
             continue
         kernels = schedule_plan(plan, f"k{index}_{plan.anchor.op_type}",
-                                lambda op, name: tuned_kernel(op, name, tune))
+                                lambda op, name: tuned_kernel(op, name, tune, dynamic=dynamic))
         steps += [_kernel_step(plan.name, kernel, slots, unique) for kernel in kernels]
 
     # Constants only read through a layout of their own (weights packed into panels) are
@@ -126,12 +133,23 @@ def _kernel_step(name: str, kernel: FusedKernel, slots: _Slots, unique: dict[Fun
     return PlannedStep(name, function, args, outputs, workspaces)
 
 
-def tuned_kernel(op: Operator, name: str, tune: int = 0,
-                 target: CpuTarget | None = None) -> Kernel:
+def tuned_kernel(op: Operator, name: str, tune: int | str = 0,
+                 target: CpuTarget | None = None,
+                 dynamic: Mapping[str, SizeRange] | None = None) -> Kernel:
     """``op``'s kernel: its template, the config tuning chooses at level ``tune``, the
-    program generated from it. Under TREADLE_DUMP, ``<name>/schedule.txt`` says which."""
+    program generated from it; where its sizes hold symbols of ``dynamic``, variants
+    tuned over their ranges and the tree dispatching them (at least level 1). Under
+    TREADLE_DUMP, ``<name>/schedule.txt`` says which."""
     target = target or host()
     template, pattern = select_template(op, target)
+    if dynamic and dynamic_symbols(template, pattern, dynamic):
+        level = tune if isinstance(tune, int) and tune > 1 else 1
+        variants = choose_dynamic(template, pattern, name, dynamic, level, target)
+        dump_text((name, "schedule.txt"), format_variants(op, variants))
+        kernels = [template.emit(r, name) for r in variants.resolved]
+        if len(kernels) == 1:
+            return kernels[0]
+        return dispatching_kernel(kernels, variants.tree.nodes, variants.tree.symbols, name)
     choice = choose(template, pattern, name, tune, target)
     dump_text((name, "schedule.txt"), format_choice(op, choice))
     return template.emit(choice.resolved, name)
@@ -143,6 +161,25 @@ def format_choice(op: Operator, choice: Choice) -> str:
         lines += [f"config: {choice.config}", f"resolved: {choice.resolved.config}"]
     lines.append(f"source: {choice.source}")
     return "\n".join(lines)
+
+
+def format_variants(op: Operator, choice: DynamicChoice) -> str:
+    lines = [f"operator: {op.name} ({op.op_type})", f"template: {choice.template.name}",
+             f"source: {choice.source}"]
+    lines += [f"variant {k}: {c} -> {r.config}"
+              for k, (c, r) in enumerate(zip(choice.configs, choice.resolved))]
+    lines.append("dispatch:")
+    lines += _tree_lines(choice.tree, 0, "  ")
+    return "\n".join(lines)
+
+
+def _tree_lines(tree: Tree, k: int, indent: str) -> list[str]:
+    feature, value, left, right = tree.nodes[k]
+    if feature < 0:
+        return [f"{indent}variant {value}"]
+    symbol = tree.symbols[feature]
+    return ([f"{indent}if {symbol} <= {value}:"] + _tree_lines(tree, left, indent + "  ")
+            + [f"{indent}else:  # {symbol} > {value}"] + _tree_lines(tree, right, indent + "  "))
 
 
 def build_functions(functions: Sequence[Function], name: str) -> dict[str, CompiledFunction]:

@@ -95,13 +95,16 @@ MODELS: dict[str, Recipe] = {
 
 
 def export_onnx(name: str, path, *, reduced: bool = False, batch: int = 1,
-                dynamic_seq: bool = False) -> ModelSpec:
+                dynamic_seq: bool = False, dynamic_batch: bool = False) -> ModelSpec:
     """Builds zoo model ``name`` (the full-size one, or the CI-sized one when ``reduced``)
     and writes it to ``path`` as ONNX (opset 17). With ``dynamic_seq`` a transformer's
-    sequence axis is the symbolic dimension ``seq``."""
+    sequence axis is the symbolic dimension ``seq``; with ``dynamic_batch`` a CNN's batch
+    axis is ``batch`` (``batch`` is then the size of the example inputs)."""
     recipe = _recipe(name)
     if dynamic_seq and recipe.family != "transformer":
         raise ValueError(f"dynamic_seq applies to the transformer models, not {name!r}")
+    if dynamic_batch and recipe.family != "cnn":
+        raise ValueError(f"dynamic_batch applies to the CNN models, not {name!r}")
     from treadle.models import require
     torch = require("torch")
     size = recipe.reduced_size if reduced else recipe.size
@@ -111,8 +114,10 @@ def export_onnx(name: str, path, *, reduced: bool = False, batch: int = 1,
         warnings.simplefilter("ignore")  # tracer and deprecation chatter from the exporter
         model = build(name, reduced=reduced)
         if recipe.family == "cnn":
-            image = InputSpec("image", (batch, 3, size, size), "float32")
-            spec = ModelSpec(name, path, (image,), ("logits",))
+            image = InputSpec("image", ("batch" if dynamic_batch else batch, 3, size, size),
+                              "float32")
+            spec = ModelSpec(name, path, (image,), ("logits",),
+                             {"batch": batch} if dynamic_batch else {})
         else:
             spec = _token_spec(name, path, model, batch, size, dynamic_seq)
         _write(model, spec)
@@ -165,7 +170,7 @@ def _token_spec(name: str, path: Path, model, batch: int, seq: int,
 
 def _dynamic_axes(spec: ModelSpec) -> Optional[dict[str, dict[int, str]]]:
     """Symbolic input axes; a transformer's per-token output (last_hidden_state) shares
-    the input's symbolic sequence axis."""
+    the input's symbolic sequence axis, a CNN's logits its symbolic batch."""
     axes = {i.name: {k: d for k, d in enumerate(i.shape) if isinstance(d, str)}
             for i in spec.inputs}
     axes = {n: a for n, a in axes.items() if a}
@@ -173,6 +178,8 @@ def _dynamic_axes(spec: ModelSpec) -> Optional[dict[str, dict[int, str]]]:
         return None
     if "last_hidden_state" in spec.outputs:
         axes["last_hidden_state"] = {1: "seq"}
+    if "logits" in spec.outputs and "image" in axes:
+        axes["logits"] = {0: "batch"}
     return axes
 
 

@@ -18,11 +18,10 @@ import functools
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from treadle.atomic import write_json
 from treadle.config import config
 from treadle.target.cpu import CpuTarget, host
 
@@ -145,15 +144,7 @@ def _machine_key(target: CpuTarget) -> str:
 
 
 def _store(path: Path, hierarchy: MemoryHierarchy) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"format": FORMAT, **asdict(hierarchy)}, f, indent=1)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_json(path, {"format": FORMAT, **asdict(hierarchy)})
 
 
 def _from_json(data: dict) -> MemoryHierarchy:

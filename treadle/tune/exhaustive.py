@@ -117,12 +117,12 @@ def _measure(template: Template, name: str, points: list[tuple[Any, Any]]
     """Median seconds of each point's program (None where it failed)."""
     functions = [template.emit(resolved, name).function for _, resolved in points]
     labels = [f"of {name} ({config})" for config, _ in points]
-    with _progress(len(functions), name) as bar:
+    with measurement_progress(len(functions), name) as bar:
         return measure_functions(functions, progress=bar.update, labels=labels)
 
 
-def _progress(total: int, name: str):
-    """A tqdm bar on a terminal (tqdm is optional); otherwise a silent stand-in."""
+def measurement_progress(total: int, name: str):
+    """A tqdm bar (with its ETA) on a terminal (tqdm is optional); otherwise a silent stand-in."""
     if sys.stderr.isatty() and "PYTEST_CURRENT_TEST" not in os.environ:
         try:
             from tqdm import tqdm

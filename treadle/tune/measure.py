@@ -8,7 +8,7 @@ past ``timeout`` seconds is marked failed (None) and the child is restarted on t
 a broken candidate never takes the tuner down. Each candidate runs once to warm up, then
 ``repeats`` times on random data of the workload's concrete shape, in rounds interleaved
 with the other candidates; the median counts.
-Symbolic dimensions take ``symbol_size``.
+Symbolic dimensions take ``symbol_size``, or the values given per candidate.
 
 In a model a layer's weights come from memory, not cache: each call takes the next of
 several copies of the arguments, together twice the last-level cache, so candidates are
@@ -56,14 +56,23 @@ MAX_COPIES = 16       # argument copies cycled through to keep the data cold
 def measure_functions(functions: Sequence[Function], *, symbol_size: int = SYMBOL_SIZE,
                       repeats: int = REPEATS, timeout: float = TIMEOUT_S,
                       progress: Callable[[int], object] = lambda n: None,
-                      labels: Sequence[str] | None = None) -> list[float | None]:
+                      labels: Sequence[str] | None = None,
+                      sizes: Sequence[Mapping[str, int]] | None = None) -> list[float | None]:
     """Median seconds per call of each function (None where it failed to build, crashed or
     timed out); ``progress(n)`` is called as n more candidates are settled; ``labels``
-    name the candidates in warnings."""
+    name the candidates in warnings; ``sizes`` gives each function's symbols their
+    values by name (``symbol_size`` where it names none)."""
     labels = list(labels) if labels is not None else [""] * len(functions)
-    named = [_renamed(f, f"candidate{k}") for k, f in enumerate(functions)]
-    env = {v: symbol_size for f in named for v in _symbols(f)}
-    libraries = _build(named)
+    # A function timed at several sizes is built once.
+    built: dict[Function, int] = {}
+    index = [built.setdefault(_renamed(f, ""), len(built)) for f in functions]
+    unique = [_renamed(f, f"candidate{k}") for k, f in enumerate(built)]
+    named = [unique[k] for k in index]
+    sizes = sizes if sizes is not None else [{}] * len(functions)
+    envs = [{v: given.get(v.name, symbol_size) for v in _symbols(f)}
+            for f, given in zip(named, sizes)]
+    paths = _build(unique) if unique else []
+    libraries = [paths[k] for k in index]
     results: list[float | None] = [None] * len(named)
     todo = [k for k in range(len(named)) if libraries[k] is not None]
     progress(len(named) - len(todo))
@@ -71,8 +80,8 @@ def measure_functions(functions: Sequence[Function], *, symbol_size: int = SYMBO
         while todo:
             job = Path(tmp) / "job.pkl"
             job.write_bytes(pickle.dumps({
-                "candidates": [(k, str(libraries[k]), named[k]) for k in todo],
-                "env": env, "repeats": repeats, "threads": config.num_threads,
+                "candidates": [(k, str(libraries[k]), named[k], envs[k]) for k in todo],
+                "repeats": repeats, "threads": config.num_threads,
                 "budget": TIME_BUDGET_S}))
             done = _run_child(job, results, timeout, labels)
             if not done:  # the child died before reaching any candidate
@@ -186,11 +195,11 @@ def _child_main(job_path: str) -> None:
     copies: list[dict] = []
     ready = []
     with override(num_threads=job["threads"]):
-        for index, path, function in job["candidates"]:
+        for index, path, function, env in job["candidates"]:
             print("start", index, flush=True)
             try:
                 kernel = load(path, [function])[function.name]
-                args = _cold_arguments(function, job["env"], copies, 2 * host().l3_bytes)
+                args = _cold_arguments(function, env, copies, 2 * host().l3_bytes)
                 first = _seconds(kernel, args)
             except Exception as err:  # a candidate's own failure, reported, not fatal
                 print("error", index, type(err).__name__, str(err).replace("\n", " "),

@@ -21,12 +21,11 @@ import hashlib
 import inspect
 import json
 import logging
-import os
-import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from treadle.atomic import write_json
 from treadle.config import config
 from treadle.schedule.template import Template
 from treadle.target.cpu import CpuTarget
@@ -58,52 +57,58 @@ def load_record(workload: str, template: Template, pattern: Any, target: CpuTarg
                 ) -> Record | None:
     """The stored record of ``workload``, or None when there is none or it is unusable
     (see the module's docstring)."""
-    path = _path(workload)
     kind = template.config_type
     try:
-        data = json.loads(path.read_text())
-        if data["format"] != FORMAT or data["workload"] != workload:
-            raise ValueError("written for another workload or format")
-        record = Record(workload, _config(data["config"], kind), _config(data["resolved"], kind),
-                        tuple((_config(c, kind), t) for c, t in data["timings"]))
-        template.check(pattern, record.config, target)
-        resolved = template.resolve(pattern, record.config, target).config
-        if resolved != record.resolved:
-            raise ValueError(f"its config now resolves to {resolved}, not {record.resolved}")
+        data = read_record(workload, FORMAT)
+        record = Record(workload, config_of(data["config"], kind),
+                        config_of(data["resolved"], kind),
+                        tuple((config_of(c, kind), t) for c, t in data["timings"]))
+        replay(template, pattern, record.config, record.resolved, target)
         return record
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as err:  # ScheduleConfigError too
-        log.warning("ignoring unusable tuning record %s (%s); it will be rewritten", path, err)
+        log.warning("ignoring unusable tuning record %s (%s); it will be rewritten",
+                    record_path(workload), err)
         return None
 
 
+def read_record(workload: str, form: str) -> dict:
+    """The stored JSON of ``workload``; ValueError when it was written for another
+    workload or in another format."""
+    data = json.loads(record_path(workload).read_text())
+    if data["format"] != form or data["workload"] != workload:
+        raise ValueError("written for another workload or format")
+    return data
+
+
+def replay(template: Template, pattern: Any, config: Any, resolved: Any, target: CpuTarget
+           ) -> Any:
+    """``config`` checked and resolved for ``pattern``; ValueError (or ScheduleConfigError)
+    when it no longer resolves to the stored ``resolved`` config."""
+    template.check(pattern, config, target)
+    result = template.resolve(pattern, config, target)
+    if result.config != resolved:
+        raise ValueError(f"its config {config} now resolves to {result.config}, not {resolved}")
+    return result
+
+
 def store_record(record: Record) -> Path:
-    path = _path(record.workload)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"format": FORMAT, "workload": record.workload, "config": asdict(record.config),
-            "resolved": asdict(record.resolved),
-            "timings": [(asdict(c), t) for c, t in record.timings]}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return write_json(record_path(record.workload), {
+        "format": FORMAT, "workload": record.workload, "config": asdict(record.config),
+        "resolved": asdict(record.resolved),
+        "timings": [(asdict(c), t) for c, t in record.timings]})
 
 
 def records_dir() -> Path:
     return Path(config.cache_dir) / "tuning"
 
 
-def _path(workload: str) -> Path:
+def record_path(workload: str) -> Path:
     return records_dir() / f"{record_key(workload)}.json"
 
 
-def _config(data: dict, kind: type) -> Any:
+def config_of(data: dict, kind: type) -> Any:
     known = {f.name for f in fields(kind)}
     if not isinstance(data, dict) or set(data) != known or \
             not all(type(v) is int for v in data.values()):  # bool is an int too

@@ -12,7 +12,7 @@ from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Var
 from treadle.ir.printer import format_function
 from treadle.schedule.templates.gemm import GEMM, GemmConfig, match_gemm
-from treadle.schedule.templates.gemm.resolve import STREAM_BLOCK_K, resolve
+from treadle.schedule.templates.gemm.resolve import STREAM_BLOCK_K, resolve, sized_config
 from treadle.schedule.templates.gemm.space import gemm_space
 from treadle.target.cpu import host
 
@@ -80,3 +80,29 @@ def test_a_right_factor_read_in_place_streams_in_short_k_blocks():
 def test_symbolic_sizes_keep_the_config_blocks():
     cfg = GemmConfig(12, 32, 16, 6, 16)
     assert resolve(matmul(Var("M"), Var("N"), Var("K")), cfg, host()).config == cfg
+
+
+@pytest.mark.parametrize("m", [1, 7, 16, 61, 128])
+def test_a_sized_config_is_what_a_compile_for_that_size_resolves_to(m):
+    """Dynamic tuning's stand-in candidates: the config fitted at a size of a symbol,
+    which the symbolic problem then keeps (its M stays symbolic, so nothing re-clamps)."""
+    M = Var("M")
+    cfg = gemm_space(0, host())[0]
+    with override(num_threads=2):
+        sized = sized_config(matmul(M, 384, 256), cfg, host(), {M: m})
+        assert sized == resolve(matmul(m, 384, 256), cfg, host()).config
+        assert resolve(matmul(M, 384, 256), sized, host()).config == sized
+        assert sized_config(matmul(M, 384, 256), cfg, host(), {}) == \
+            resolve(matmul(M, 384, 256), cfg, host()).config
+
+
+@pytest.mark.parametrize("sizes", [(1, 384, 256), (7, 768, 768), (61, 37, 97), ("M", 384, 256),
+                                   ("M", "N", 64)], ids=str)
+def test_resolving_a_resolved_config_changes_nothing(sizes):
+    """A resolved config, as a record stores it or a dynamic variant carries it, resolves
+    to itself."""
+    pattern = matmul(*(Var(s) if isinstance(s, str) else s for s in sizes))
+    with override(num_threads=2):
+        for cfg in gemm_space(1, host()):
+            once = resolve(pattern, cfg, host()).config
+            assert resolve(pattern, once, host()).config == once, cfg

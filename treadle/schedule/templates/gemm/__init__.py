@@ -15,16 +15,18 @@ from typing import Sequence
 
 from treadle.graph.operator import Operator
 from treadle.graph.tensor import normalize_dim
-from treadle.ir.expr import Buffer, Expr, Load
+from treadle.ir.expr import Buffer, Expr, Load, as_expr
 from treadle.ir.functor import free_vars, walk
 from treadle.ir.printer import format_buffer_type, format_expr
 from treadle.schedule.rules import Kernel
 from treadle.schedule.template import canonical_names
 from treadle.schedule.templates.gemm.config import GemmConfig, check_config
-from treadle.schedule.templates.gemm.pattern import (GemmPattern, match_gemm, match_gemm_output,
+from treadle.schedule.templates.gemm.cost import Work, features, work
+from treadle.schedule.templates.gemm.pattern import (ROLES, GemmPattern, match_gemm,
+                                                     match_gemm_output, role_extents,
                                                      with_constants)
 from treadle.schedule.templates.gemm.program import emit
-from treadle.schedule.templates.gemm.resolve import ResolvedGemm, resolve
+from treadle.schedule.templates.gemm.resolve import ResolvedGemm, resolve, sized_config
 from treadle.schedule.templates.gemm.space import gemm_space
 from treadle.target.cpu import CpuTarget, host
 
@@ -61,6 +63,25 @@ class GemmTemplate:
 
     def emit(self, resolved: ResolvedGemm, name: str) -> Kernel:
         return emit(resolved, name)
+
+    # What dynamic-shape tuning (tune.dynamic) asks of a template besides the protocol.
+    def sizes(self, pattern: GemmPattern) -> list:
+        """The extents of the problem's axes, as expressions."""
+        return [as_expr(e) for r in ROLES for e in role_extents(pattern)[r]]
+
+    def sized_config(self, pattern: GemmPattern, config: GemmConfig, target: CpuTarget,
+                     env) -> GemmConfig:
+        return sized_config(pattern, config, target, env)
+
+    def work(self, resolved: ResolvedGemm, env) -> Work:
+        return work(resolved, env)
+
+    def features(self, resolved: ResolvedGemm, target: CpuTarget) -> dict[str, float]:
+        return features(resolved, target)
+
+    def layout_key(self, resolved: ResolvedGemm):
+        """What the layout of constant operands depends on: variants of one kernel share it."""
+        return resolved.cfg.micro_n if resolved.panels is not None else None
 
     def workload(self, pattern: GemmPattern) -> str:
         """The schedule-independent GEMM: the operands' dtypes and shapes, the roles of the

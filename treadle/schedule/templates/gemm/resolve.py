@@ -13,18 +13,18 @@ is how tuning finds duplicates without generating any.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from treadle.errors import ScheduleConfigError
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, compute
-from treadle.ir.expr import ceil_div, minimum
-from treadle.ir.functor import substitute
+from treadle.ir.expr import Var, ceil_div, minimum
+from treadle.ir.functor import evaluate, free_vars, substitute
 from treadle.ir.mapping import unravel
 from treadle.schedule.templates.gemm.config import ELEMENT_BYTES, GemmConfig, check_config
 from treadle.schedule.templates.gemm.micro_kernel import RegisterTile
-from treadle.schedule.templates.gemm.pattern import (GemmPattern, f32, product, right_row,
-                                                     role_extents, round_up)
+from treadle.schedule.templates.gemm.pattern import (ROLES, GemmPattern, f32, product,
+                                                     right_row, role_extents, round_up)
 from treadle.target.cpu import CpuTarget
 
 STACK_BYTES = 1 << 20  # the packed panels and accumulator live on a thread's stack
@@ -88,27 +88,49 @@ class ResolvedGemm:
 def resolve(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget) -> ResolvedGemm:
     """``cfg`` fitted to ``pattern`` on ``target`` (see the module's docstring); raises
     ScheduleConfigError for a config the template cannot generate."""
+    gemm = _fitted(pattern, cfg, target, {})
+    gemm = replace(gemm, whole_left=_one_row_of_tiles(gemm, target))
+    _check_stack(gemm)
+    return gemm
+
+
+def sized_config(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget,
+                 env: Mapping[Var, int]) -> GemmConfig:
+    """The config ``resolve`` fits to ``pattern`` with its symbols at the values of
+    ``env``: what a compile for those sizes alone would run, as a candidate variant of
+    the symbolic kernel (``tune.dynamic``)."""
+    return _fitted(pattern, cfg, target, env).cfg
+
+
+def _fitted(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget, env: Mapping[Var, int]
+            ) -> ResolvedGemm:
+    """The clamp, stream and balance chain, on the sizes the symbols take in ``env``
+    (a symbol missing from it leaves its sizes untouched)."""
     check_config(cfg, target)
     threads = target.cores
     extents = role_extents(pattern)
-    sizes = [product(extents[r]) for r in ("m", "n", "k")]
+    sizes = {r: _known(product(extents[r]), env) for r in ROLES}
+    M, N, K = sizes["m"], sizes["n"], sizes["k"]
     workers = threads if cfg.split_k == 1 else worker_groups(cfg, threads)
     panels = panel_layout(pattern, extents, cfg.micro_n) if pattern.constant_right else None
 
     def fitted(config: GemmConfig) -> ResolvedGemm:
         return ResolvedGemm(pattern, config, threads, register_lanes(config, target),
                             extents=extents, panels=panels)
-    clamped = _clamped(cfg, *sizes)
+    clamped = _clamped(cfg, M, N, K)
     if fitted(clamped).in_place[1]:
-        clamped = _streaming(clamped, *sizes)
+        clamped = _streaming(clamped, M, N, K)
     elif panels is not None:
-        clamped = _one_pass_over_panels(clamped, *sizes)
-    clamped = _balanced(clamped, product(extents["batch"]), *sizes[:2], workers,
-                        packs_right=panels is None)
-    gemm = fitted(_whole_rows(clamped, extents["k"]))
-    gemm = replace(gemm, whole_left=_one_row_of_tiles(gemm, target))
-    _check_stack(gemm)
-    return gemm
+        clamped = _one_pass_over_panels(clamped, M, N, K)
+    clamped = _balanced(clamped, sizes["batch"], M, N, workers, packs_right=panels is None)
+    return fitted(_whole_rows(clamped, extents["k"]))
+
+
+def _known(size, env: Mapping[Var, int]):
+    """``size`` as an int where ``env`` gives every symbol it holds, else as it is."""
+    if isinstance(size, int) or not env or not free_vars(size) <= set(env):
+        return size
+    return int(evaluate(size, env))
 
 
 def register_lanes(cfg: GemmConfig, target: CpuTarget) -> int:
@@ -145,6 +167,8 @@ STREAM_BLOCK_N = 1024
 
 
 def _streaming(cfg: GemmConfig, M, N, K) -> GemmConfig:
+    if cfg.block_k <= STREAM_BLOCK_K:  # streamed already (a resolved config, resolved again)
+        return _clamped(cfg, M, N, K)
     block_n = max(cfg.block_n, round_up(STREAM_BLOCK_N, cfg.micro_n))
     return _clamped(replace(cfg, block_k=min(cfg.block_k, STREAM_BLOCK_K), block_n=block_n),
                     M, N, K)

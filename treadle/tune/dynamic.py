@@ -1,0 +1,621 @@
+"""Tuning one kernel for a whole range of sizes (DietCode): shape-generic variants, a cost
+model learned from a fixed number of measurements, and a decision tree that dispatches.
+
+A kernel whose sizes hold a symbol with a declared range (``compile(..., dynamic={"seq":
+(1, 128)})``) is tuned once for every size of the range:
+
+1. **Candidates.** The template's configs do not depend on the symbol (its space is
+   derived from the hardware), and the template pads its register tiles (local padding:
+   the compute stage has no bounds checks, only the stores are predicated), so each
+   config is a shape-generic micro-kernel. Candidates are the space's points, plus the
+   config a compile for a single size would fit to each of a few stand-in sizes of the
+   range (``Template.sized_config``: small sizes want short register tiles and a split
+   over the columns).
+2. **Measurements, a fixed number.** Every stand-in config and the first MEASURED points
+   of the space run once at a size of the range where their tiles fit exactly and keep
+   every thread busy, a stand-in also at its own size; a few candidates also run at the
+   range's smallest size and at its least occupied one. How many does not depend on how
+   many sizes the range holds.
+3. **The cost model** predicts any candidate at any size (``CostModel``)::
+
+       seconds = overhead + cold * right_once + per_mac * macs / (threads * f_occ)
+                 + stream * (right_bytes - right_once)
+
+   ``macs`` counts padded multiply-adds (f_pad), ``f_occ = k * occupancy + 1 - k`` with
+   occupancy the busy share of the thread slots, ``right_bytes`` the right factor
+   streamed once per block of rows, the first time (``right_once``) from memory.
+   ``per_mac`` (f_MK, the micro-kernel's time per multiply-add) is measured for measured
+   candidates and predicted for the others by gradient-boosted trees over the
+   micro-kernel's features; ``k``, ``overhead``, ``cold`` and ``stream`` are fitted to the
+   extra measurements, and a candidate timed at two sizes gets f_MK and a stream of its
+   own from both. The model's guesses pick a second round of candidates to measure.
+4. **Variants.** Among measured candidates, the one with the least weighted total time
+   over the range (each size's time relative to the fastest candidate's there), then
+   greedily the one that lowers the total most, among those at least MIN_GAIN faster
+   than the chosen ones at some size, up to MAX_VARIANTS.
+5. **Dispatch.** A decision tree learns which variant the model picks at every size of
+   the range (every integer, weighted), and becomes an if-tree on the symbols in front of
+   the variants, in the kernel's own C (``schedule.dispatch``): dispatch costs a few
+   compares, and a saved model needs neither Python's tree nor scikit-learn. Sizes outside
+   the range take the variant of the nearest size the tree saw.
+
+The outcome is recorded like a tuned config (``tune.records``), keyed by the workload
+with its symbols and their declared ranges, so a second compile measures nothing.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from treadle.atomic import write_json
+from treadle.dump import dump_text
+from treadle.errors import ScheduleConfigError
+from treadle.ir.dtypes import index_type
+from treadle.ir.expr import Var
+from treadle.ir.functor import free_vars
+from treadle.schedule.template import Template, default_point, valid_points
+from treadle.target.cpu import CpuTarget
+from treadle.tune.measure import SYMBOL_SIZE, measure_functions
+from treadle.tune.records import config_of, read_record, record_path, replay, workload_text
+
+log = logging.getLogger(__name__)
+
+FORMAT = "treadle-dynamic-record-1"
+MAX_VARIANTS = 6
+# Leaves of the dispatch tree: which variant pads least changes with a size's residues
+# (13 rows suit 13 and 26, 8 rows suit 16), so a range needs many; each costs a compare.
+MAX_LEAVES = 64
+MIN_GAIN = 0.05        # a variant joins where it is 5% faster than the others at some size
+MAX_GRID = 4096        # sizes the model scores, per kernel (a finer range is sampled)
+QUANTILES = 6          # stand-in sizes at quantiles of the weight (see _stand_ins)
+GROWTH = 1.5           # and sizes growing by half from the smallest
+MEASURED = {1: 2, 2: 8}     # space points measured in the first round, beside the stand-ins
+EXPLORED = {1: 3, 2: 8}     # candidates the model picks for a second round
+PROBED = 3             # candidates also timed at the smallest and least occupied sizes
+# Before fitting: occupancy k, overhead s, cold and stream s/byte (memory at 20 GB/s, cache
+# at 40 GB/s).
+PRIOR = (0.5, 2e-6, 50e-12, 25e-12)
+
+
+# ---- declared ranges -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SizeRange:
+    """The sizes a symbol takes, ``lo..hi``, and how much each counts (all alike when
+    ``weights`` is empty; a size it leaves out counts nothing)."""
+    lo: int
+    hi: int
+    weights: tuple[tuple[int, float], ...] = ()
+
+    def weight(self, size: int) -> float:
+        return dict(self.weights).get(size, 0.0) if self.weights else 1.0
+
+    def sizes(self, limit: int) -> list[int]:
+        """Every size of the range, or ``limit`` of them spread evenly (with every
+        weighted size kept)."""
+        if self.hi - self.lo + 1 <= limit:
+            return list(range(self.lo, self.hi + 1))
+        spread = np.unique(np.linspace(self.lo, self.hi, limit).round().astype(int))
+        return sorted(set(spread.tolist()) | {s for s, _ in self.weights})
+
+    def __str__(self) -> str:
+        weights = f" weights {list(self.weights)}" if self.weights else ""
+        return f"{self.lo}..{self.hi}{weights}"
+
+
+def size_ranges(dynamic: Mapping[str, Any]) -> dict[str, SizeRange]:
+    """The user's ``dynamic`` argument checked: per symbol ``(lo, hi)``, a list of the
+    sizes expected (the range they span, each counting once per appearance) or a
+    ``{size: weight}`` histogram."""
+    if not isinstance(dynamic, Mapping):
+        raise TypeError(f"dynamic must map symbol names to ranges, not {type(dynamic).__name__}")
+    return {str(name): _size_range(str(name), spec) for name, spec in dynamic.items()}
+
+
+def _size_range(name: str, spec: Any) -> SizeRange:
+    def fail(why: str) -> ValueError:
+        return ValueError(f"dynamic[{name!r}] = {spec!r}: {why}; expected (lo, hi), a list of "
+                          f"sizes or a {{size: weight}} mapping, sizes integers >= 0")
+    if isinstance(spec, Mapping):
+        weights = {}
+        for size, weight in spec.items():
+            if not _is_size(size) or not isinstance(weight, (int, float)) or weight < 0:
+                raise fail(f"{size!r}: {weight!r} is not a size and a weight >= 0")
+            weights[int(size)] = float(weight)
+    elif isinstance(spec, tuple) and len(spec) == 2 and all(map(_is_size, spec)):
+        lo, hi = int(spec[0]), int(spec[1])
+        if lo > hi:
+            raise fail("lo is greater than hi")
+        return SizeRange(lo, hi)
+    elif isinstance(spec, (list, tuple)) and spec and all(map(_is_size, spec)):
+        weights = {}
+        for size in spec:
+            weights[int(size)] = weights.get(int(size), 0.0) + 1.0
+    else:
+        raise fail("not a range")
+    if not weights or not sum(weights.values()) > 0:
+        raise fail("no size has a weight")
+    return SizeRange(min(weights), max(weights), tuple(sorted(weights.items())))
+
+
+def _is_size(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
+
+
+# ---- the decision tree -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tree:
+    """A binary decision tree on symbol values. Node ``(f, t, left, right)`` sends
+    ``values[symbols[f]] <= t`` to ``left``, else to ``right``; a leaf is ``(-1, v, -1,
+    -1)`` and chooses variant ``v``. Node 0 is the root."""
+    symbols: tuple[str, ...]
+    nodes: tuple[tuple[int, int, int, int], ...]
+
+    def predict(self, values: Mapping[str, int]) -> int:
+        node = self.nodes[0]
+        while node[0] >= 0:
+            feature, threshold, left, right = node
+            node = self.nodes[left if values[self.symbols[feature]] <= threshold else right]
+        return node[1]
+
+    @property
+    def variants(self) -> list[int]:
+        return sorted({n[1] for n in self.nodes if n[0] < 0})
+
+
+def fit_tree(symbols: Sequence[str], grid: np.ndarray, labels: np.ndarray,
+             weights: np.ndarray) -> Tree:
+    """The tree (at most MAX_LEAVES leaves) that best reproduces ``labels`` over ``grid``
+    (a row of symbol values per point), weighted by ``weights``."""
+    if len(set(labels.tolist())) == 1:
+        return Tree(tuple(symbols), ((-1, int(labels[0]), -1, -1),))
+    from sklearn.tree import DecisionTreeClassifier
+    model = DecisionTreeClassifier(max_leaf_nodes=MAX_LEAVES, random_state=0)
+    model.fit(grid, labels, sample_weight=weights)
+    t = model.tree_
+    nodes = []
+    for k in range(t.node_count):
+        if t.children_left[k] < 0:
+            nodes.append((-1, int(model.classes_[int(np.argmax(t.value[k]))]), -1, -1))
+        else:  # integer values: x <= 16.5 is x <= 16
+            nodes.append((int(t.feature[k]), math.floor(t.threshold[k]),
+                          int(t.children_left[k]), int(t.children_right[k])))
+    return _pruned(Tree(tuple(symbols), tuple(nodes)))
+
+
+def _pruned(tree: Tree) -> Tree:
+    """The tree without splits whose sides choose the same variant, nodes renumbered
+    from the root."""
+    nodes: list[tuple[int, int, int, int]] = []
+
+    def add(k: int) -> int:
+        feature, value, left, right = tree.nodes[k]
+        at = len(nodes)
+        nodes.append(tree.nodes[k])
+        if feature >= 0:
+            lo, hi = add(left), add(right)
+            if nodes[lo][0] < 0 and nodes[lo] == nodes[hi]:
+                leaf = nodes[lo]
+                del nodes[at + 1:]
+                nodes[at] = leaf
+            else:
+                nodes[at] = (feature, value, lo, hi)
+        return at
+    add(0)
+    return Tree(tree.symbols, tuple(nodes))
+
+
+# ---- the cost model --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CostModel:
+    occupancy: float  # k of f_occ
+    overhead: float   # seconds per call
+    cold: float       # seconds per byte of the right factor's first read (from memory)
+    stream: float     # seconds per byte of its further reads
+
+    def f_occ(self, work) -> float:
+        return self.occupancy * work.occupancy + 1 - self.occupancy
+
+    def compute(self, work) -> float:
+        """Multiply-adds per thread, stretched where threads idle: f_MK's multiplier."""
+        return work.macs / (work.threads * self.f_occ(work))
+
+    def seconds(self, per_mac: float, work, stream: float | None = None) -> float:
+        """The time of a candidate with ``per_mac`` at ``work``; ``stream``, where given,
+        is the candidate's own time per byte streamed, in place of the model's."""
+        stream = self.stream if stream is None else stream
+        return (self.fixed(work) + per_mac * self.compute(work)
+                + stream * (work.right_bytes - work.right_once))
+
+    def fixed(self, work) -> float:
+        """What every candidate pays: the call, and reading the right factor once."""
+        return self.overhead + self.cold * work.right_once
+
+    def per_mac(self, seconds: float, work) -> float:
+        """The time per multiply-add a measurement of ``seconds`` implies (f_MK)."""
+        rest = max(seconds - self.fixed(work) - self.stream * (work.right_bytes - work.right_once),
+                   0.05 * seconds)
+        return rest * work.threads * self.f_occ(work) / max(work.macs, 1)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One candidate timed at a size where it keeps every thread busy (``full``) and at
+    another size (``probe``)."""
+    full: Any  # Work
+    full_seconds: float
+    probe: Any  # Work
+    probe_seconds: float
+
+
+def fit_cost_model(samples: Sequence[Sample], prior: CostModel = CostModel(*PRIOR)) -> CostModel:
+    """k, overhead, cold and stream fitted so that each sample's full-size time, carried
+    to its probe size, predicts the probe's time (least squares on log times). Without
+    samples, the prior."""
+    if not samples:
+        return prior
+    from scipy.optimize import least_squares
+    scale = np.array([1.0, 1e-6, 1e-12, 1e-12])  # k, microseconds, picoseconds per byte
+
+    def residuals(x):
+        model = CostModel(*(x * scale))
+        return [math.log(model.seconds(model.per_mac(s.full_seconds, s.full), s.probe))
+                - math.log(s.probe_seconds) for s in samples]
+    start = np.array([prior.occupancy, prior.overhead, prior.cold, prior.stream]) / scale
+    fit = least_squares(residuals, start, bounds=([0, 0, 0, 0], [1, 1e4, 1e4, 1e4]))
+    return CostModel(*(fit.x * scale))
+
+
+class PerMac:
+    """f_MK of every candidate: measured where it was, else predicted by gradient-boosted
+    trees over the micro-kernels' features (log time per multiply-add)."""
+
+    def __init__(self, features: Sequence[dict], measured: Mapping[int, Measured]):
+        self.measured = {c: m.per_mac for c, m in measured.items()}
+        self.features = np.array([[f[k] for k in sorted(f)] for f in features])
+        self.predicted = np.full(len(features), np.nan)
+        if len(self.measured) >= 4:
+            from sklearn.ensemble import GradientBoostingRegressor
+            index = sorted(self.measured)
+            model = GradientBoostingRegressor(n_estimators=60, max_depth=2, random_state=0)
+            model.fit(self.features[index], np.log([self.measured[k] for k in index]))
+            self.predicted = np.exp(model.predict(self.features))
+        elif self.measured:
+            self.predicted[:] = float(np.median(list(self.measured.values())))
+
+    def __getitem__(self, k: int) -> float:
+        return self.measured.get(k, self.predicted[k])
+
+
+# ---- choosing variants -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DynamicChoice:
+    """The variants of one kernel over its symbols' ranges and the tree choosing them:
+    ``tree.predict`` gives an index into ``configs`` and ``resolved``."""
+    template: Template
+    configs: tuple
+    resolved: tuple
+    tree: Tree
+    source: str  # "measured", "record", or "default" where every candidate failed
+
+
+def dynamic_symbols(template: Template, pattern: Any, ranges: Mapping[str, SizeRange]
+                    ) -> list[str]:
+    """The declared symbols the kernel's sizes depend on (none: one config serves)."""
+    if not hasattr(template, "sized_config") or template.config_type is None:
+        return []
+    names = {v.name for e in template.sizes(pattern) for v in free_vars(e)}
+    return sorted(names & set(ranges))
+
+
+def choose_dynamic(template: Template, pattern: Any, name: str,
+                   ranges: Mapping[str, SizeRange], level: int, target: CpuTarget
+                   ) -> DynamicChoice:
+    """The variants and dispatch tree of ``pattern`` over ``ranges`` (see the module's
+    docstring), from a record when one is stored."""
+    symbols = dynamic_symbols(template, pattern, ranges)
+    workload = "\n".join([workload_text(template, pattern, f"dynamic {level}", target)]
+                         + [f"range {s}: {ranges[s]}" for s in symbols])
+    stored = _load(workload, template, pattern, target)
+    if stored is not None:
+        return stored
+    grid, weights = _grid(template, pattern, symbols, ranges)
+    points, origins = _candidates(template, pattern, level, target, grid, weights)
+    resolved = [r for _, r in points]
+    works = [[template.work(r, env) for env in grid] for r in resolved]
+    measured, model = _measure_rounds(template, name, points, origins, works, grid, weights,
+                                      level, target)
+    if not measured:
+        log.warning("tuning %s: every candidate failed; using the level-0 point", name)
+        default = default_point(template, pattern, target)
+        return DynamicChoice(template, (default[0],), (default[1],),
+                             Tree(tuple(symbols), ((-1, 0, -1, -1),)), "default")
+    rows = sorted(measured)
+    times = np.array([[model.seconds(measured[c].per_mac, w, measured[c].stream)
+                       for w in works[c]] for c in rows])
+    chosen = select_variants(times, weights)
+    labels = np.argmin(times[chosen], axis=0)
+    values = np.array([[env[Var(s, index_type)] for s in symbols] for env in grid])
+    tree = fit_tree(symbols, values, labels, weights)
+    used = tree.variants  # a variant the tree never picks is dropped
+    tree = _renumbered(tree, {old: new for new, old in enumerate(used)})
+    variants = [rows[chosen[k]] for k in used]
+    dump_text((name, "dynamic.txt"), _report(points, measured, model, grid, works, variants))
+    choice = DynamicChoice(template, tuple(points[c][0] for c in variants),
+                           tuple(resolved[c] for c in variants), tree, "measured")
+    _store(workload, choice, model)
+    return choice
+
+
+def select_variants(times: np.ndarray, weights: np.ndarray) -> list[int]:
+    """Candidates (rows of ``times``, seconds per grid point) chosen greedily to lower
+    the weighted total of the fastest chosen one at each point, each point's time taken
+    relative to the fastest candidate's there: a size counts by its weight, not by how
+    long it runs (a sequence of 128 would otherwise outweigh every short one, and short
+    ones would run whatever suits long ones)."""
+    times = times / np.min(times, axis=0)
+    chosen = [int(np.argmin(times @ weights))]
+    best = times[chosen[0]]
+    while len(chosen) < MAX_VARIANTS:
+        better = best - np.minimum(times, best)
+        eligible = (better / best).max(axis=1) >= MIN_GAIN
+        gains = np.where(eligible, better @ weights, 0.0)
+        k = int(np.argmax(gains))
+        if gains[k] <= 0:
+            break
+        chosen.append(k)
+        best = np.minimum(best, times[k])
+    return chosen
+
+
+def _grid(template, pattern, symbols: list[str], ranges) -> tuple[list[dict], np.ndarray]:
+    """The symbol bindings the model scores, with their weights; symbols without a
+    declared range take the measuring stand-in size."""
+    per_axis = max(2, int(MAX_GRID ** (1 / max(len(symbols), 1))))
+    axes = [ranges[s].sizes(per_axis) for s in symbols]
+    others = {v for e in template.sizes(pattern) for v in free_vars(e)
+              if v.name not in symbols}
+    grid, weights = [], []
+    for values in itertools.product(*axes):
+        env = {Var(s, index_type): v for s, v in zip(symbols, values)}
+        env.update({v: SYMBOL_SIZE for v in others})
+        grid.append(env)
+        weights.append(math.prod(ranges[s].weight(v) for s, v in zip(symbols, values)))
+    weights = np.array(weights)
+    return grid, weights / weights.sum()
+
+
+def _candidates(template, pattern, level: int, target: CpuTarget, grid: list[dict],
+                weights: np.ndarray) -> tuple[list[tuple[Any, Any]], dict[int, int]]:
+    """(config, resolved) of every distinct candidate: the single-size configs of the
+    stand-in sizes first, then the space of ``level``; and the grid index each stand-in
+    config was made for. Where the template lays a constant operand out by its register
+    tile's width, every variant keeps the default's width, so that the kernel holds one
+    copy of the weights."""
+    default, _ = default_point(template, pattern, target)
+    stand_ins = _stand_ins(grid, weights)
+    made_for = {}
+    for g in stand_ins:
+        made_for.setdefault(template.sized_config(pattern, default, target, grid[g]), g)
+    configs = list(made_for) + template.space(pattern, max(level, 1), target)
+    points = valid_points(template, pattern, list(dict.fromkeys(configs)), target)
+    layout = template.layout_key(points[0][1]) if points else None
+    unique: dict[Any, Any] = {}
+    for config, resolved in points:
+        if template.layout_key(resolved) == layout:
+            unique.setdefault(resolved, config)
+    if not unique:
+        raise ScheduleConfigError(f"the {template.name} template accepts no candidate")
+    found = [(c, r) for r, c in unique.items()]
+    origins = {k: made_for[c] for k, (c, _) in enumerate(found) if c in made_for}
+    return found, origins
+
+
+def _stand_ins(grid: list[dict], weights: np.ndarray) -> list[int]:
+    """Grid indices of the stand-in sizes: evenly spaced quantiles of the weight, and
+    sizes growing by half from the smallest (where a few rows more or less change which
+    register tile pads least)."""
+    cumulative = np.cumsum(weights)
+    found = {int(min(np.searchsorted(cumulative, q), len(weights) - 1))
+             for q in np.linspace(0, 1, QUANTILES)}
+    order = sorted(range(len(grid)), key=lambda g: sorted(grid[g].values()))
+    last = None
+    for g in order:
+        size = max(grid[g].values(), default=0)
+        if last is None or size >= GROWTH * last:
+            found.add(g)
+            last = max(size, 1)
+    return sorted(found)
+
+
+def _measure_rounds(template, name: str, points, origins: Mapping[int, int], works, grid,
+                    weights, level: int, target) -> tuple[dict[int, float], CostModel]:
+    """Measures candidates in two rounds (see the docstring); returns f_MK of each
+    measured one and the fitted model. A stand-in's config is also timed at its own
+    size, where it was made to run best."""
+    from treadle.tune.exhaustive import measurement_progress
+    stand_ins = sorted(origins)
+    space = [c for c in range(len(points)) if c not in origins][:MEASURED[level]]
+    first = stand_ins + space
+    runs = [(c, _full_size(works[c])) for c in first]
+    runs += [(c, origins[c]) for c in first if c in origins]
+    runs += [(c, g) for c in first[:PROBED] for g in _probe_sizes(works[c])]
+    runs = list(dict.fromkeys(runs))
+    with measurement_progress(len(runs) + EXPLORED[level], f"{name} (dynamic)") as bar:
+        seconds = _time_runs(template, name, points, grid, runs, bar)
+        model = fit_cost_model(_samples(runs, seconds, works))
+        measured = _per_macs(runs, seconds, works, model)
+        per_mac = PerMac([template.features(r, target) for _, r in points], measured)
+        explore = _promising(per_mac, model, works, weights, measured, EXPLORED[level])
+        extra = [(c, _full_size(works[c])) for c in explore]
+        bar.update(EXPLORED[level] - len(extra))
+        more = _time_runs(template, name, points, grid, extra, bar)
+        measured.update(_per_macs(extra, more, works, model))
+    return measured, model
+
+
+def _time_runs(template, name, points, grid, runs, bar) -> list[float | None]:
+    if not runs:
+        return []
+    functions = [template.emit(points[c][1], name).function for c, _ in runs]
+    sizes = [{v.name: n for v, n in grid[g].items()} for _, g in runs]
+    labels = [f"of {name} ({points[c][0]} at {sizes[k]})" for k, (c, _) in enumerate(runs)]
+    return measure_functions(functions, sizes=sizes, labels=labels, progress=bar.update)
+
+
+def _full_size(works: list) -> int:
+    """The grid point where the candidate's tiles fit best and keep the threads busiest,
+    the largest such (its time is then mostly the micro-kernel's)."""
+    return max(range(len(works)), key=lambda g: (
+        round(works[g].occupancy * works[g].useful_macs / max(works[g].macs, 1), 3),
+        works[g].macs))
+
+
+def _probe_sizes(works: list) -> list[int]:
+    """The smallest size, and the least occupied one (where they differ)."""
+    smallest = min(range(len(works)), key=lambda g: works[g].macs)
+    idle = min(range(len(works)), key=lambda g: (works[g].occupancy, -works[g].macs))
+    return sorted({smallest, idle})
+
+
+def _samples(runs, seconds, works) -> list[Sample]:
+    """Each candidate's full-size time paired with each of its other times."""
+    full = {c: (works[c][g], t) for (c, g), t in zip(runs, seconds)
+            if t is not None and g == _full_size(works[c])}
+    return [Sample(*full[c], works[c][g], t) for (c, g), t in zip(runs, seconds)
+            if t is not None and c in full and g != _full_size(works[c])]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a candidate's measurements say of it: f_MK, and where it ran at two sizes
+    that tell them apart, its own time per byte of the right factor streamed (a config
+    reading all of K at once streams differently from one in short K blocks)."""
+    per_mac: float
+    stream: float | None = None
+
+
+def _per_macs(runs, seconds, works, model: CostModel) -> dict[int, Measured]:
+    """Each timed candidate's f_MK (and stream, see Measured): a least-squares fit of
+    its times over its sizes, or from one time the model's stream and f_MK alone."""
+    from scipy.optimize import nnls
+    timed: dict[int, list[tuple[Any, float]]] = {}
+    for (c, g), t in zip(runs, seconds):
+        if t is not None:
+            timed.setdefault(c, []).append((works[c][g], t))
+    found = {}
+    for c, pairs in timed.items():
+        found[c] = Measured(float(np.exp(np.mean([np.log(model.per_mac(t, w))
+                                                   for w, t in pairs]))))
+        if len(pairs) >= 2:
+            a = np.array([[model.compute(w), w.right_bytes - w.right_once] for w, _ in pairs])
+            b = np.array([max(t - model.fixed(w), 0.0) for w, t in pairs])
+            scale = a.max(axis=0)
+            if np.linalg.matrix_rank(a / np.where(scale > 0, scale, 1)) == 2:
+                x, _ = nnls(a / scale, b)
+                if x[0] > 0:
+                    found[c] = Measured(x[0] / scale[0], x[1] / scale[1])
+    return found
+
+
+def _promising(per_mac: PerMac, model: CostModel, works, weights, measured, count: int
+               ) -> list[int]:
+    """Unmeasured candidates ranked by how much the model says they would lower the
+    weighted total of the measured ones."""
+    if not measured:
+        return []
+    predicted = {c: np.array([model.seconds(per_mac[c], w) for w in works[c]])
+                 for c in range(len(works))}
+    best = np.min([predicted[c] for c in measured], axis=0)
+    gains = {c: best @ weights - np.minimum(best, predicted[c]) @ weights
+             for c in predicted if c not in measured}
+    ranked = sorted((c for c in gains if gains[c] > 0), key=lambda c: -gains[c])
+    return ranked[:count]
+
+
+def _report(points, measured, model: CostModel, grid, works, variants) -> str:
+    """The fitted model and every measured candidate's f_MK and predicted times."""
+    shown = sorted({0, len(grid) // 8, len(grid) // 4, len(grid) // 2, len(grid) - 1})
+    sizes = ", ".join(str(dict((v.name, n) for v, n in grid[g].items())) for g in shown)
+    lines = [f"model: {model}", f"predicted microseconds at: {sizes}"]
+    for c in sorted(measured, key=lambda c: c not in variants):
+        mark = f"variant {variants.index(c)}" if c in variants else "measured"
+        m = measured[c]
+        predicted = " ".join(f"{model.seconds(m.per_mac, works[c][g], m.stream) * 1e6:.1f}"
+                             for g in shown)
+        stream = measured[c].stream
+        own = "" if stream is None else f", stream {stream * 1e12:.1f} ps/byte"
+        lines.append(f"{mark}: {points[c][1].config} f_MK {measured[c].per_mac * 1e12:.1f} "
+                     f"ps{own}: "
+                     f"{predicted}")
+    return "\n".join(lines)
+
+
+def _renumbered(tree: Tree, numbers: Mapping[int, int]) -> Tree:
+    return Tree(tree.symbols, tuple((f, numbers[t] if f < 0 else t, lo, hi)
+                                    for f, t, lo, hi in tree.nodes))
+
+
+# ---- records ---------------------------------------------------------------------------------
+
+def _store(workload: str, choice: DynamicChoice, model: CostModel) -> None:
+    write_json(record_path(workload), {
+        "format": FORMAT, "workload": workload,
+        "configs": [_as_dict(c) for c in choice.configs],
+        "resolved": [_as_dict(r.config) for r in choice.resolved],
+        "tree": {"symbols": list(choice.tree.symbols), "nodes": list(choice.tree.nodes)},
+        "model": _as_dict(model)})
+
+
+def _load(workload: str, template, pattern, target) -> DynamicChoice | None:
+    """The stored variants and tree, each variant replayed (``records.replay``); None
+    when there is no record or it is unusable (then it is tuned and written again)."""
+    kind = template.config_type
+    try:
+        data = read_record(workload, FORMAT)
+        configs = tuple(config_of(c, kind) for c in data["configs"])
+        resolved = tuple(replay(template, pattern, c, config_of(r, kind), target)
+                         for c, r in zip(configs, data["resolved"], strict=True))
+        nodes = tuple(tuple(int(v) for v in n) for n in data["tree"]["nodes"])
+        tree = Tree(tuple(str(s) for s in data["tree"]["symbols"]), nodes)
+        _check_tree(tree, len(configs))
+        return DynamicChoice(template, configs, resolved, tree, "record")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as err:  # ScheduleConfigError too
+        log.warning("ignoring unusable tuning record %s (%s); it will be rewritten",
+                    record_path(workload), err)
+        return None
+
+
+def _check_tree(tree: Tree, variants: int) -> None:
+    """Every node well formed and reached from the root once: a damaged record must not
+    send dispatch into a loop or past the variants."""
+    seen, stack = set(), [0]
+    while stack:
+        k = stack.pop()
+        if k in seen or not 0 <= k < len(tree.nodes) or len(tree.nodes[k]) != 4:
+            raise ValueError(f"tree node {k} is missing, malformed or reached twice")
+        seen.add(k)
+        feature, value, left, right = tree.nodes[k]
+        if feature < 0:
+            if not 0 <= value < variants:
+                raise ValueError(f"leaf {k} chooses variant {value} of {variants}")
+        elif feature >= len(tree.symbols):
+            raise ValueError(f"node {k} tests symbol {feature} of {len(tree.symbols)}")
+        else:
+            stack += [left, right]
+    if len(seen) != len(tree.nodes):
+        raise ValueError("the tree has nodes its root does not reach")
+
+
+def _as_dict(value) -> dict:
+    return {f.name: getattr(value, f.name) for f in fields(value)}

@@ -92,11 +92,27 @@ def test_dynamic_export_names_the_sequence_axis(zoo):
     assert spec.random_inputs(seq=5)["input_ids"].shape == (1, 5)
 
 
+def test_cnn_with_symbolic_batch_compiles_once(zoo):
+    onnx = pytest.importorskip("onnx")
+    spec = export_onnx("mobilenet_v2", zoo / "mobilenet_batch.onnx", reduced=True,
+                       dynamic_batch=True)
+    graph = onnx.load(str(spec.path)).graph
+    for value in [*graph.input, *graph.output]:
+        assert value.type.tensor_type.shape.dim[0].dim_param == "batch", value.name
+    compiled = treadle.compile(spec.path)
+    session = reference(spec.path)
+    for batch in (1, 3):
+        assert_matches(compiled, session, spec.random_inputs(seed=batch, batch=batch),
+                       f"mobilenet_v2, batch={batch}")
+
+
 def test_export_rejects_what_it_cannot_build(zoo):
     with pytest.raises(ValueError, match="unknown model 'vgg'"):
         export_onnx("vgg", zoo / "vgg.onnx")
     with pytest.raises(ValueError, match="dynamic_seq applies to the transformer"):
         export_onnx("resnet50", zoo / "r.onnx", reduced=True, dynamic_seq=True)
+    with pytest.raises(ValueError, match="dynamic_batch applies to the CNN"):
+        export_onnx("bert", zoo / "b.onnx", reduced=True, dynamic_batch=True)
 
 
 def test_missing_torch_names_the_extra(monkeypatch):

@@ -155,7 +155,9 @@ def _write(model, spec: ModelSpec) -> None:
         input_names=spec.input_names, output_names=list(spec.outputs),
         dynamic_axes=axes, export_params=True, do_constant_folding=True)
     if axes:
-        shapes = {n: tuple(o.shape) for n, o in zip(spec.outputs, model(*example), strict=True)}
+        outputs = model(*example)
+        outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+        shapes = {n: tuple(o.shape) for n, o in zip(spec.outputs, outputs, strict=True)}
         _declare_output_shapes(spec.path, shapes, axes)
 
 

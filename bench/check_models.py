@@ -1,7 +1,8 @@
-"""Checks the five zoo models end to end against ONNX Runtime: errors, latency, compile time.
+"""Checks the zoo models end to end against ONNX Runtime: errors, latency, compile time.
 
     python bench/check_models.py             # full size: ResNet-50, Inception-V3, MobileNetV2,
-                                             # BERT-base and GPT-2 small (seq 128)
+                                             # BERT-base and GPT-2 small (seq 128), Candy,
+                                             # Segformer-B0 and an EfficientViT block
     python bench/check_models.py --reduced --models bert gpt2 --repeat 5
 
 (with treadle installed, as in make's .venv, or from the repository root with PYTHONPATH=.)

@@ -35,7 +35,7 @@ import numpy as np
 
 from treadle import ops
 from treadle.config import override
-from treadle.graph.kernel_plan import plan_kernels
+from treadle.graph.kernel_plan import greedy
 from treadle.graph.optimize import optimize
 from treadle.schedule.operator import select_template
 from treadle.schedule.template import default_point
@@ -114,7 +114,7 @@ WORKLOADS = [
 def anchor_pattern(workload: Workload):
     """The template and pattern of the workload's heaviest kernel, as compiled."""
     graph = optimize(workload.build())
-    plans = [p for p in plan_kernels(graph) if not p.is_view]
+    plans = [p for p in greedy(graph) if not p.is_view]
     heaviest = max(plans, key=lambda p: sum(math.prod(
         d if isinstance(d, int) else 1 for d in t.shape) for t in p.anchor.inputs if t))
     return select_template(heaviest.anchor, host())

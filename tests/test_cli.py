@@ -123,6 +123,11 @@ def test_run_with_a_dynamic_range(affine, capsys):
     assert "median latency" in capsys.readouterr().out
 
 
+def test_run_with_orchestrated_kernels(affine, capsys):
+    assert main(["run", str(affine), "--dim", "batch=3", "--orchestrate", "--repeat", "1"]) == 0
+    assert "median latency" in capsys.readouterr().out
+
+
 def test_info_prints_the_memory_hierarchy(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out

@@ -90,7 +90,8 @@ class CompiledModel:
 def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph, *,
             name: str | None = None, tune: int | str = 0,
             shapes: Mapping[str, Sequence] | None = None,
-            dynamic: Mapping[str, object] | None = None) -> CompiledModel | SpecialisingModel:
+            dynamic: Mapping[str, object] | None = None,
+            orchestrate: bool = False) -> CompiledModel | SpecialisingModel:
     """Compiles an ONNX model (a file path, its serialized bytes or an ``onnx.ModelProto``)
     or a treadle graph.
 
@@ -109,6 +110,12 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph, *,
     long as one size takes), into a few variants and a dispatcher choosing among them at
     each call. Every size still runs, in the range or out of it.
 
+    ``orchestrate=True`` chooses the kernels as Korch does (``treadle.orchestrate``):
+    operators split into primitives, candidate kernels over them measured, and the
+    cheapest set that computes the model picked by a binary linear program, never worse
+    than the default fusion by measurement; it takes minutes the first time and seconds
+    once the candidates' costs are cached.
+
     An ONNX model whose shapes depend on the contents of small inputs (a Reshape's target
     shape given as a graph input) gives a ``SpecialisingModel``, compiled at the first call
     with each distinct content (``treadle.specialise``)."""
@@ -118,8 +125,9 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph, *,
     if ranges and isinstance(tune, str):
         raise ValueError(f"tune={tune!r} does not combine with dynamic=: dynamic shapes are "
                          "tuned by measurement (tune=0, 1 or 2)")
+    strategy = "orchestrate" if orchestrate else "greedy"
     try:
-        return _compile(model, name, tune, shapes, ranges)
+        return _compile(model, name, tune, shapes, ranges, strategy)
     except NeedsValueError as err:
         from treadle.frontend.onnx import load_model
         proto = None if isinstance(model, Graph) else load_model(model)
@@ -127,17 +135,20 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph, *,
         if not inputs:
             raise
         return SpecialisingModel(proto, inputs,
-                                 lambda bound: _compile(bound, name, tune, shapes, ranges),
+                                 lambda bound: _compile(bound, name, tune, shapes, ranges,
+                                                       strategy),
                                  name or proto.graph.name or "model")
 
 
-def _compile(model, name: str | None, tune: int | str, shapes, ranges) -> CompiledModel:
+def _compile(model, name: str | None, tune: int | str, shapes, ranges, strategy: str
+             ) -> CompiledModel:
     graph = _as_graph(model, name)
     if shapes:
         graph = infer_shapes(graph, shapes)
     if ranges:
         _check_symbols(graph, ranges)
-    return CompiledModel(compile_graph(graph, tune=tune, dynamic=ranges), graph.name)
+    return CompiledModel(compile_graph(graph, tune=tune, strategy=strategy,
+                                       dynamic=ranges), graph.name)
 
 
 def _check_symbols(graph: Graph, ranges: Mapping) -> None:

@@ -21,7 +21,7 @@ from treadle.compiler import compile_graph
 from treadle.dump import dump_folder
 from treadle.graph.graph import Graph
 from treadle.graph.optimize import optimize
-from treadle.graph.kernel_plan import KernelPlan, plan_kernels
+from treadle.graph.kernel_plan import KernelPlan, greedy
 from treadle.graph.partition import format_partition
 from treadle.graph.tensor import Dim
 from treadle.ir.functor import evaluate, free_vars
@@ -202,7 +202,7 @@ def _bisect(report: CheckReport, proto, graph: Graph, executable, feeds: dict,
     if not differing:
         return
     _, name, value, kernel = min(differing, key=lambda d: d[0])
-    group = next((g for g in plan_kernels(graph) if g.name == kernel), None)
+    group = next((g for g in greedy(graph) if g.name == kernel), None)
     inside = _narrow(proto, feeds, _computed_by(group, position) if group else [], rtol, atol)
     if inside is not None and position[inside.name] < position[name]:
         name, difference = inside.name, inside

@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--dynamic", action="append", default=[], metavar="SYMBOL=LO:HI",
                      help="tune the kernels that depend on a symbolic dimension over the "
                           "sizes LO..HI at once, with a dispatcher choosing per call")
+    run.add_argument("--orchestrate", action="store_true",
+                     help="choose the kernels by measuring candidates over the model's "
+                          "primitives and solving for the cheapest set (Korch)")
     run.set_defaults(command=run_command)
     check = commands.add_parser("check", help="compare a model's outputs with ONNX Runtime's "
                                 "and find the first node that differs")
@@ -106,7 +109,8 @@ def run_command(args) -> None:
     if args.repeat < 1:
         raise ValueError(f"--repeat {args.repeat}: expected a positive number")
     dynamic = {k: _size_range(k, v) for k, v in _pairs(args.dynamic, "--dynamic").items()}
-    model = treadle.compile(args.model, tune=_tune_level(args.tune), dynamic=dynamic or None)
+    model = treadle.compile(args.model, tune=_tune_level(args.tune), dynamic=dynamic or None,
+                            orchestrate=args.orchestrate)
     files = _pairs(args.input, "--input")
     if isinstance(model, SpecialisingModel):  # compiled for the contents given
         given = {n: np.load(files.pop(n)) for n in model.value_inputs if n in files}

@@ -69,8 +69,8 @@ def _compile_graph(graph: Graph, optimize_graph: bool, tune: int | str, strategy
                    dynamic: Mapping[str, SizeRange]) -> Executable:
     if optimize_graph:
         graph = optimize(graph)
+    graph, plans = plan_kernels(graph, strategy, tune)
     slots = _Slots(graph)
-    plans = plan_kernels(graph, strategy)
     dump_text(("graph", "partition.txt"), format_partition(plans))
     unique: dict[Function, Function] = {}
     steps: list[PlannedStep] = []

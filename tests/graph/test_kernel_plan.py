@@ -32,7 +32,8 @@ def two_heads():
 
 def test_greedy_is_the_fusion_partition():
     graph = optimize(two_heads()[0])
-    plans, groups = plan_kernels(graph, "greedy"), partition(graph)
+    (planned, plans), groups = plan_kernels(graph, "greedy"), partition(graph)
+    assert planned is graph
     assert [(p.anchor, p.prologues, p.epilogues, p.outputs) for p in plans] == [
         (g.anchor, tuple(g.prologues), tuple(g.epilogues), tuple(g.outputs)) for g in groups]
 
@@ -42,20 +43,20 @@ def test_unknown_strategy_names_the_known_ones():
         plan_kernels(two_heads()[0], "korch")
 
 
-def recompute_relu(graph):
+def recompute_relu(graph, tune=0):
     """relu alone for its own output, and again as a prologue of each product; the first
     product also writes its bias add: four outputs from three kernels."""
     relu, mm1, add, mm2 = graph.nodes
-    return [KernelPlan(relu, outputs=tuple(relu.outputs)),
-            KernelPlan(mm1, (relu,), (add,), (mm1.outputs[0], add.outputs[0])),
-            KernelPlan(mm2, (relu,), outputs=tuple(mm2.outputs))]
+    return graph, [KernelPlan(relu, outputs=tuple(relu.outputs)),
+                   KernelPlan(mm1, (relu,), (add,), (mm1.outputs[0], add.outputs[0])),
+                   KernelPlan(mm2, (relu,), outputs=tuple(mm2.outputs))]
 
 
 @pytest.mark.parametrize("rows", [0, 1, 7, 61])
 def test_a_plan_may_recompute_an_operator_and_write_several_outputs(monkeypatch, rows):
     graph, reference = two_heads()
     monkeypatch.setitem(kernel_plan.STRATEGIES, "recompute", recompute_relu)
-    plans = recompute_relu(graph)
+    _, plans = recompute_relu(graph)
     x = graph.inputs[0]
     assert plans[0].inputs == (x,) and plans[1].inputs[0] is x and len(plans[1].inputs) == 3
     model = compile_graph(graph, optimize_graph=False, strategy="recompute")

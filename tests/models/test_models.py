@@ -2,8 +2,9 @@
 ``treadle.compile`` and compare every output with ONNX Runtime's on the same random inputs.
 
 The reduced models keep every kind of layer of the full ones (bench/check_models.py runs
-those). Errors are measured against each output's largest magnitude, since values near
-zero (logits, normalized activations) make elementwise relative errors meaningless.
+those; the slow tests here run the full dense models). Errors are measured against each
+output's largest magnitude, since values near zero (logits, normalized activations) make
+elementwise relative errors meaningless.
 """
 import sys
 
@@ -12,8 +13,8 @@ import pytest
 
 pytest.importorskip("torch", reason="the zoo models are built and exported with torch "
                     "(pip install 'treadle[test]')")
-pytest.importorskip("transformers", reason="BERT and GPT-2 are built from transformers "
-                    "configs (pip install 'treadle[test]')")
+pytest.importorskip("transformers", reason="BERT, GPT-2 and Segformer are built from "
+                    "transformers configs (pip install 'treadle[test]')")
 ort = pytest.importorskip("onnxruntime")
 
 import treadle  # noqa: E402
@@ -55,7 +56,15 @@ def test_reduced_model_matches_onnxruntime(zoo, name):
     assert_matches(compiled, reference(spec.path), spec.random_inputs(), name)
 
 
-@pytest.mark.parametrize("name", ["resnet50", "bert"])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(n for n, r in MODELS.items() if r.family == "dense"))
+def test_full_dense_model_matches_onnxruntime(zoo, name):
+    spec = export_onnx(name, zoo / f"{name}_full.onnx")
+    compiled = treadle.compile(spec.path)
+    assert_matches(compiled, reference(spec.path), spec.random_inputs(), f"{name} (full)")
+
+
+@pytest.mark.parametrize("name", ["resnet50", "bert", "efficientvit_block"])
 def test_built_module_has_the_exported_weights(zoo, name):
     # At batch 2, so that the exported batch is not the calibration batch or 1.
     torch = require("torch")
@@ -69,6 +78,13 @@ def test_built_module_has_the_exported_weights(zoo, name):
     for got, want in zip(outputs, expected, strict=True):
         error = float(np.abs(got.numpy() - want).max()) / float(np.abs(want).max())
         assert error <= RELATIVE_TOLERANCE, f"{name}: relative error {error:.2e}"
+
+
+def test_instance_norm_scales_are_random():
+    torch = require("torch")
+    norms = [m for m in build("candy", reduced=True).modules()
+             if isinstance(m, torch.nn.InstanceNorm2d)]
+    assert norms and all(not torch.all(m.weight == 1) for m in norms)
 
 
 def test_bert_with_symbolic_sequence_compiles_once(zoo):

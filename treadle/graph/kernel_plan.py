@@ -8,9 +8,11 @@ may share operators: an operator in two plans is computed by both (recomputing a
 value can beat writing it out and reading it back), and only the plans that list its
 tensor among their outputs write it. A plan whose anchor is a view builds no kernel.
 
-A strategy turns a graph into plans in an order that runs producers first; ``"greedy"``
-is the fusion partition of ``graph.partition`` (one anchor per kernel, neighbours
-attached where legal).
+A strategy turns a graph into plans in an order that runs producers first, over the graph
+it returns (a strategy may rewrite it first, as orchestration splits operators into
+primitives); ``"greedy"`` is the fusion partition of ``graph.partition`` (one anchor per
+kernel, neighbours attached where legal), ``"orchestrate"`` Korch's optimal choice
+among candidate kernels (``treadle.orchestrate``).
 """
 from __future__ import annotations
 
@@ -68,12 +70,23 @@ def greedy(graph: Graph) -> list[KernelPlan]:
     return [_from_group(g) for g in partition(graph)]
 
 
-STRATEGIES: dict[str, Callable[[Graph], list[KernelPlan]]] = {"greedy": greedy}
+def _orchestrated(graph: Graph, tune: int | str) -> tuple[Graph, list[KernelPlan]]:
+    from treadle.orchestrate import orchestrate  # it builds on this module
+    done = orchestrate(graph, tune)
+    return done.graph, done.plans
 
 
-def plan_kernels(graph: Graph, strategy: str = "greedy") -> list[KernelPlan]:
-    """The kernels of ``graph`` by ``strategy`` (see STRATEGIES), producers first."""
+# A strategy takes the graph and the tuning level its kernels will be built at.
+Strategy = Callable[[Graph, int | str], tuple[Graph, list[KernelPlan]]]
+STRATEGIES: dict[str, Strategy] = {"greedy": lambda graph, tune: (graph, greedy(graph)),
+                                   "orchestrate": _orchestrated}
+
+
+def plan_kernels(graph: Graph, strategy: str = "greedy", tune: int | str = 0
+                 ) -> tuple[Graph, list[KernelPlan]]:
+    """The graph the kernels are planned over and its kernels by ``strategy`` (see
+    STRATEGIES), producers first."""
     if strategy not in STRATEGIES:
         raise ValueError(f"kernel plan strategy {strategy!r}: expected one of "
                          f"{', '.join(sorted(STRATEGIES))}")
-    return STRATEGIES[strategy](graph)
+    return STRATEGIES[strategy](graph, tune)

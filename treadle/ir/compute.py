@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping, Sequence
 
 from treadle.ir.dtypes import DataType
 from treadle.ir.expr import Buffer, Const, Expr, Load, Var, as_expr, cast, maximum, minimum
-from treadle.ir.functor import walk
+from treadle.ir.functor import rewrite, walk
 
 _ids = itertools.count()
 
@@ -146,3 +146,31 @@ def reachable(outputs: Sequence[Compute]) -> dict[Buffer, Compute]:
             found[c.buffer] = c
             stack.extend(p for load in c.loads() if (p := producer_of(load.buffer)) is not None)
     return found
+
+
+def retarget(outputs: Sequence[Compute], buffers: Mapping[Buffer, Buffer | Expr]
+             ) -> list[Compute]:
+    """Copies of ``outputs`` and of every compute they read, loading ``buffers[b]``
+    wherever they loaded ``b`` (or taking the expression given for it, a scalar's value):
+    an operator's definition reading other tensors (in a kernel made of several
+    operators, another's compute in place of an input)."""
+    copies: dict[Buffer, Compute] = {}
+
+    def copy(c: Compute) -> Compute:
+        if c.buffer not in copies:
+            for source in c.sources:
+                copy(source)
+            targets = {**buffers, **{b: d.buffer for b, d in copies.items()}}
+            value = rewrite(c.value, lambda n: _retargeted(n, targets))
+            copies[c.buffer] = _make(c.name, value, c.shape, axes=c.axes,
+                                     reduce_axes=c.reduce_axes,
+                                     reduce_extents=c.reduce_extents, reduce_op=c.reduce_op)
+        return copies[c.buffer]
+    return [copy(c) for c in outputs]
+
+
+def _retargeted(node, targets: Mapping[Buffer, Buffer | Expr]):
+    if not (isinstance(node, Load) and node.buffer in targets):
+        return None
+    new = targets[node.buffer]
+    return replace(node, buffer=new) if isinstance(new, Buffer) else new

@@ -3,8 +3,8 @@
 Weights come from the architectures' own initializers under a fixed seed, with two changes
 that make numerical checks meaningful: biases and normalization scales get random values
 (initializers leave them at 0 and 1, where a kernel that ignores them still looks right),
-and the CNNs' batch-norm statistics are measured on a batch of random images, so that
-activations keep unit scale through fifty layers instead of growing or vanishing.
+and the image models' batch-norm statistics are measured on a batch of random inputs, so
+that activations keep unit scale through fifty layers instead of growing or vanishing.
 """
 from __future__ import annotations
 
@@ -91,6 +91,11 @@ MODELS: dict[str, Recipe] = {
                                                    max_positions=64), 128, 16),
     "gpt2": Recipe("transformer", "gpt2", {}, dict(layers=2, hidden=64, heads=4, vocab=1000,
                                                    max_positions=64), 128, 16),
+    "candy": Recipe("dense", "candy", {}, dict(width=8, blocks=2), 224, 32),
+    "segformer_b0": Recipe("dense", "segformer_b0", {},
+                           dict(depths=(1, 1, 1, 1), hidden_sizes=(16, 32, 40, 64),
+                                decoder_hidden=32, num_labels=10), 512, 64),
+    "efficientvit_block": Recipe("dense", "efficientvit_block", {}, dict(channels=32), 32, 16),
 }
 
 
@@ -113,13 +118,14 @@ def export_onnx(name: str, path, *, reduced: bool = False, batch: int = 1,
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer and deprecation chatter from the exporter
         model = build(name, reduced=reduced)
-        if recipe.family == "cnn":
-            image = InputSpec("image", ("batch" if dynamic_batch else batch, 3, size, size),
-                              "float32")
-            spec = ModelSpec(name, path, (image,), ("logits",),
-                             {"batch": batch} if dynamic_batch else {})
-        else:
+        if recipe.family == "transformer":
             spec = _token_spec(name, path, model, batch, size, dynamic_seq)
+        else:
+            input_name, channels, output = _image_io(recipe, model)
+            image = InputSpec(input_name, ("batch" if dynamic_batch else batch, channels, size,
+                                           size), "float32")
+            spec = ModelSpec(name, path, (image,), (output,),
+                             {"batch": batch} if dynamic_batch else {})
         _write(model, spec)
     return spec
 
@@ -135,8 +141,9 @@ def build(name: str, *, reduced: bool = False):
         torch.manual_seed(SEED)
         model = getattr(family, recipe.builder)(**(recipe.reduced if reduced else recipe.full))
         _randomize_affine(model)
-        if recipe.family == "cnn":
-            _calibrate_batch_norm(model, recipe.reduced_size if reduced else recipe.size)
+        if recipe.family != "transformer":
+            size = recipe.reduced_size if reduced else recipe.size
+            _calibrate_batch_norm(model, (_image_io(recipe, model)[1], size, size))
     return model.eval()
 
 
@@ -144,6 +151,14 @@ def _recipe(name: str) -> Recipe:
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; the zoo has {sorted(MODELS)}")
     return MODELS[name]
+
+
+def _image_io(recipe: Recipe, model) -> tuple[str, int, str]:
+    """An image model's input name and channels and its output name: a CNN classifies an
+    RGB image, a dense model (``dense.py``) declares its own."""
+    if recipe.family == "cnn":
+        return "image", 3, "logits"
+    return model.input_name, model.in_channels, model.output_name
 
 
 def _write(model, spec: ModelSpec) -> None:
@@ -204,7 +219,7 @@ def _declare_output_shapes(path: Path, shapes: Mapping[str, tuple[int, ...]],
 
 def _randomize_affine(model) -> None:
     import torch
-    norms = (torch.nn.BatchNorm2d, torch.nn.LayerNorm)
+    norms = (torch.nn.BatchNorm2d, torch.nn.InstanceNorm2d, torch.nn.LayerNorm)
     for module in model.modules():
         if isinstance(module, norms) and module.weight is not None:
             module.weight.uniform_(0.5, 1.5)
@@ -213,13 +228,18 @@ def _randomize_affine(model) -> None:
             parameter.uniform_(-0.2, 0.2)
 
 
-def _calibrate_batch_norm(model, size: int) -> None:
-    """Sets every batch norm's statistics to its input's over a batch of random images."""
+def _calibrate_batch_norm(model, shape: tuple[int, ...]) -> None:
+    """Sets every batch norm's statistics to its input's over a batch of random inputs of
+    ``shape`` (without the batch axis). Only the batch norms are in training mode, so that
+    dropout and stochastic depth do not skew what they measure."""
     import torch
-    for module in model.modules():
-        if isinstance(module, torch.nn.BatchNorm2d):
-            module.reset_running_stats()
-            module.momentum = None  # a cumulative average: after one batch, its statistics
-    model.train()
-    model(torch.randn(CALIBRATION_BATCH, 3, size, size))
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    if not norms:
+        return
+    model.eval()
+    for module in norms:
+        module.reset_running_stats()
+        module.momentum = None  # a cumulative average: after one batch, its statistics
+        module.train()
+    model(torch.randn(CALIBRATION_BATCH, *shape))
     model.eval()

@@ -61,12 +61,14 @@ ScheduleOperator = Callable[[Operator, str], Kernel]
 def schedule_plan(plan: KernelPlan, name: str, schedule: ScheduleOperator) -> list[FusedKernel]:
     """The kernel of ``plan``, or one kernel per operator where fusing is not legal."""
     try:
-        return [_fused(plan, name, schedule)]
+        return [fused_kernel(plan, name, schedule)]
     except FusionError:
-        return [_fused(single(op), f"{name}_{k}", schedule) for k, op in enumerate(plan.ops)]
+        return [fused_kernel(single(op), f"{name}_{k}", schedule) for k, op in enumerate(plan.ops)]
 
 
-def _fused(plan: KernelPlan, name: str, schedule: ScheduleOperator) -> FusedKernel:
+def fused_kernel(plan: KernelPlan, name: str, schedule: ScheduleOperator) -> FusedKernel:
+    """The one kernel of ``plan``; FusionError where its anchor's schedule cannot take
+    what is fused into it."""
     anchor = plan.anchor
     kernel = schedule(anchor, name)
     func = kernel.function

@@ -199,8 +199,12 @@ def _row_local(group: list[Compute], c: Compute, inline: Inliner) -> bool:
     if not rows or any(g.shape[:-1] != rows for g in group):
         return False
     earlier = {g.buffer for g in group}
-    return all(load.indices[:-1] == c.axes[:-1] for load in walk(inline(c.value))
-               if isinstance(load, Load) and load.buffer in earlier)
+    one, zero = as_expr(1), as_expr(0)
+    # A size-1 dimension of the rows may be read at 0, as broadcasting reads it.
+    return all(i == a or (d == one and i == zero)
+               for load in walk(inline(c.value))
+               if isinstance(load, Load) and load.buffer in earlier
+               for i, a, d in zip(load.indices[:-1], c.axes[:-1], rows))
 
 
 def _loop_nest(group: list[Compute], inline: Inliner) -> Stmt:

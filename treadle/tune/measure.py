@@ -41,6 +41,7 @@ from treadle.ir.functor import evaluate, free_vars
 from treadle.ir.lower import lower
 from treadle.ir.stmt import Function
 from treadle.runtime.module import exported_symbols
+from treadle.target.cpu import host
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +58,14 @@ def measure_functions(functions: Sequence[Function], *, symbol_size: int = SYMBO
                       repeats: int = REPEATS, timeout: float = TIMEOUT_S,
                       progress: Callable[[int], object] = lambda n: None,
                       labels: Sequence[str] | None = None,
-                      sizes: Sequence[Mapping[str, int]] | None = None) -> list[float | None]:
+                      sizes: Sequence[Mapping[str, int]] | None = None,
+                      cold: bool = True) -> list[float | None]:
     """Median seconds per call of each function (None where it failed to build, crashed or
     timed out); ``progress(n)`` is called as n more candidates are settled; ``labels``
     name the candidates in warnings; ``sizes`` gives each function's symbols their
-    values by name (``symbol_size`` where it names none)."""
+    values by name (``symbol_size`` where it names none); ``cold=False`` calls each with
+    the same arguments, in cache as a kernel's inputs are when the one before it has just
+    written them."""
     labels = list(labels) if labels is not None else [""] * len(functions)
     # A function timed at several sizes is built once.
     built: dict[Function, int] = {}
@@ -82,6 +86,7 @@ def measure_functions(functions: Sequence[Function], *, symbol_size: int = SYMBO
             job.write_bytes(pickle.dumps({
                 "candidates": [(k, str(libraries[k]), named[k], envs[k]) for k in todo],
                 "repeats": repeats, "threads": config.num_threads,
+                "cold_bytes": 2 * host().l3_bytes if cold else 0,
                 "budget": TIME_BUDGET_S}))
             done = _run_child(job, results, timeout, labels)
             if not done:  # the child died before reaching any candidate
@@ -190,7 +195,6 @@ def _child_main(job_path: str) -> None:
     every candidate a little rather than one candidate a lot."""
     from treadle.config import override
     from treadle.runtime.module import load
-    from treadle.target.cpu import host
     job = pickle.loads(Path(job_path).read_bytes())
     copies: list[dict] = []
     ready = []
@@ -199,7 +203,7 @@ def _child_main(job_path: str) -> None:
             print("start", index, flush=True)
             try:
                 kernel = load(path, [function])[function.name]
-                args = _cold_arguments(function, env, copies, 2 * host().l3_bytes)
+                args = _cold_arguments(function, env, copies, job["cold_bytes"])
                 first = _seconds(kernel, args)
             except Exception as err:  # a candidate's own failure, reported, not fatal
                 print("error", index, type(err).__name__, str(err).replace("\n", " "),

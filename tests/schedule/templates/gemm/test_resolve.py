@@ -27,14 +27,23 @@ def program(resolved) -> str:
     return format_function(GEMM.emit(resolved, "g").function)
 
 
-@pytest.mark.parametrize("cfg, reason", [
-    (GemmConfig(block_m=96, block_n=512, block_k=1024), "stack"),
-    (GemmConfig(block_m=384, block_n=512, block_k=16, split_k=2), "workspace"),
-    (GemmConfig(block_m=100), "multiple of the register tile"),  # the rules come first
-], ids=lambda v: v if isinstance(v, str) else "")
-def test_configs_the_problem_cannot_hold_raise(cfg, reason):
-    with override(num_threads=2), pytest.raises(ScheduleConfigError, match=reason):
-        resolve(matmul(Var("M"), Var("N"), Var("K")), cfg, host())
+def test_configs_the_rules_forbid_raise():
+    with override(num_threads=2), pytest.raises(ScheduleConfigError,
+                                                match="multiple of the register tile"):
+        resolve(matmul(Var("M"), Var("N"), Var("K")), GemmConfig(block_m=100), host())
+
+
+@pytest.mark.parametrize("cfg", [GemmConfig(block_m=96, block_n=512, block_k=1024),
+                                 GemmConfig(block_m=384, block_n=512, block_k=16, split_k=2)],
+                         ids=["panels", "workspace"])
+def test_tiles_too_large_for_the_stack_shrink_to_fit(cfg):
+    """A macro-tile whose packed panels (or split-K workspace) overflow the stack, as a
+    large L2's tiles do, is halved on its larger side until they fit."""
+    with override(num_threads=2):
+        fitted = resolve(matmul(Var("M"), Var("N"), Var("K")), cfg, host()).config
+    assert fitted.block_k == cfg.block_k and fitted.split_k == cfg.split_k
+    assert fitted.block_m * fitted.block_n < cfg.block_m * cfg.block_n
+    assert fitted.block_m % fitted.micro_m == 0 and fitted.block_n % fitted.micro_n == 0
 
 
 def test_resolution_is_pure():

@@ -4,9 +4,10 @@ A config names blocks and a register tile for any problem; ``resolve`` fits it t
 problem, once and purely, in this order: blocks clamped to the constant sizes they tile
 (``_clamped``), short K blocks for a right factor streamed in place or one K block over
 laid-out panels (``_streaming``, ``_one_pass_over_panels``), blocks that split M and N
-evenly over the workers (``_balanced``), K blocks of whole rows (``_whole_rows``); then
-whether the threads pack the left factor together, and the stack the panels need, which
-raises ScheduleConfigError where it overflows. The result, ``ResolvedGemm``, is all
+evenly over the workers (``_balanced``), K blocks of whole rows (``_whole_rows``), tiles
+halved until their buffers fit the stack (``_within_stack``); then whether the threads
+pack the left factor together, and the stack check, which raises ScheduleConfigError
+where even the smallest tile overflows. The result, ``ResolvedGemm``, is all
 ``program.emit`` reads: two configs that resolve alike generate the same program, which
 is how tuning finds duplicates without generating any.
 """
@@ -123,7 +124,7 @@ def _fitted(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget, env: Mappi
     elif panels is not None:
         clamped = _one_pass_over_panels(clamped, M, N, K)
     clamped = _balanced(clamped, sizes["batch"], M, N, workers, packs_right=panels is None)
-    return fitted(_whole_rows(clamped, extents["k"]))
+    return _within_stack(fitted(_whole_rows(clamped, extents["k"])))
 
 
 def _known(size, env: Mapping[Var, int]):
@@ -259,16 +260,46 @@ def _one_row_of_tiles(gemm: ResolvedGemm, target: CpuTarget) -> bool:
     return packed_bytes <= target.cores * target.l2_bytes
 
 
+def _within_stack(gemm: ResolvedGemm) -> ResolvedGemm:
+    """Smaller macro-tiles, the larger side halved (in micro-tile steps) until the buffers
+    and a split K's workspace fit the stack: tiles sized for a large L2 (2 MB a core)
+    overflow it where the right factor is packed there too, as for a product of two
+    activations."""
+    while 4 * max(_stack_floats(gemm), _workspace_floats(gemm)) > STACK_BYTES:
+        cfg = gemm.cfg
+        m_steps, n_steps = cfg.block_m // cfg.micro_m, cfg.block_n // cfg.micro_n
+        if max(m_steps, n_steps) == 1:
+            break  # as small as it gets; the check names the problem
+        if cfg.block_m * (m_steps > 1) >= cfg.block_n * (n_steps > 1):
+            cfg = replace(cfg, block_m=cfg.micro_m * ceil_div(m_steps, 2))
+        else:
+            cfg = replace(cfg, block_n=cfg.micro_n * ceil_div(n_steps, 2))
+        gemm = replace(gemm, cfg=cfg)
+    return gemm
+
+
+def _stack_floats(gemm: ResolvedGemm) -> int:
+    cfg = gemm.cfg
+    a_floats = 0 if gemm.in_place[0] else cfg.block_m * left_row(cfg)
+    return a_floats + _b_pack_floats(gemm) + _output_floats(cfg)
+
+
+def _workspace_floats(gemm: ResolvedGemm) -> int:
+    cfg = gemm.cfg
+    if cfg.split_k == 1:
+        return 0
+    return worker_groups(cfg, gemm.threads) * cfg.split_k * cfg.block_m * cfg.block_n
+
+
 def _check_stack(gemm: ResolvedGemm) -> None:
     """The config, clamped to the problem, must fit its buffers on the stack."""
     cfg = gemm.cfg
-    a_floats = 0 if gemm.in_place[0] else cfg.block_m * left_row(cfg)
-    floats = a_floats + _b_pack_floats(gemm) + _output_floats(cfg)
+    floats = _stack_floats(gemm)
     if 4 * floats > STACK_BYTES:
         raise ScheduleConfigError(f"panels and accumulator of {cfg} need {4 * floats} bytes "
                                   f"of stack, more than {STACK_BYTES}")
-    workspace = 4 * worker_groups(cfg, gemm.threads) * cfg.split_k * cfg.block_m * cfg.block_n
-    if cfg.split_k > 1 and workspace > STACK_BYTES:
+    workspace = 4 * _workspace_floats(gemm)
+    if workspace > STACK_BYTES:
         raise ScheduleConfigError(f"split_k={cfg.split_k} needs a {workspace}-byte workspace, "
                                   f"more than {STACK_BYTES}")
 

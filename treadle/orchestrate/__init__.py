@@ -1,0 +1,405 @@
+"""Kernel orchestration (Korch): split operators into primitives, consider every kernel a
+convex set of them can make, and let a solver pick the cheapest set that computes the
+graph.
+
+1. Fission (``graph.passes.fission``) turns composite operators into primitives.
+2. The primitive graph is cut into parts of at most ``MAX_PART`` primitives at positions
+   of its order where the greedy plan cuts too, fewest tensors crossing first; each part
+   is solved alone, reading what earlier parts wrote.
+3. In each part, candidate kernels are the differences of execution states
+   (``orchestrate.states``) that treadle can build as one kernel
+   (``orchestrate.primitives``), each writing either every result read outside it or
+   only its last ones; the greedy plan's kernels, mapped onto the primitives, are
+   candidates too.
+4. Candidates the roofline puts above their primitives run alone are dropped; the rest,
+   most promising first and at most ``MAX_MEASURED`` per part, are built and measured
+   (``orchestrate.cost``; cached, so identical layers are measured once).
+5. The binary linear program (``orchestrate.blp``) picks kernels, bounded by the best
+   plan without recomputation (a shortest path over execution states) or the greedy
+   plan of the primitives, so the answer is never worse than either by measurement.
+6. Unless the chosen kernels beat greedy fusion of the model's own operators by
+   ``MARGIN``, by the same measurements, greedy fusion stays.
+
+Under TREADLE_DUMP, ``orchestrate/`` holds the primitive graph, every candidate with its
+estimate and cost, and each part's chosen kernels with the objective next to greedy's.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from treadle.dump import dump_folder, dump_text
+from treadle.errors import TreadleError
+from treadle.graph.graph import Graph
+from treadle.graph.kernel_plan import KernelPlan, greedy, single
+from treadle.graph.passes.fission import fission
+from treadle.graph.tensor import Tensor
+from treadle.orchestrate.blp import TIME_LIMIT_S, Option, solve
+from treadle.orchestrate.cost import CostCache, estimate
+from treadle.orchestrate.primitives import (NotAKernel, PrimitiveGraph, kernel_plan,
+                                            writes_of)
+from treadle.orchestrate.states import (bits, candidate_kernels, cheapest_path,
+                                        execution_states)
+from treadle.target.cpu import CpuTarget, host
+
+log = logging.getLogger(__name__)
+
+MAX_PART = 32
+MAX_MEASURED = 400
+# How much faster by measurement the chosen kernels must be to replace greedy fusion:
+# repeated measurements of one kernel differ by a few percent.
+MARGIN = 0.05
+
+
+@dataclass
+class Candidate:
+    members: int  # primitives, as a bitmask of the primitive graph
+    plan: KernelPlan
+    estimate: float
+    full: bool  # writes every result read outside it: one step of a plan without recomputing
+    greedy: bool = False
+    cost: float | None = None
+
+
+# Measures candidates' plans: seconds per call each, None where one failed.
+Measure = Callable[[Sequence[KernelPlan]], list]
+
+
+@dataclass
+class Summary:
+    """What one orchestration did; times in seconds."""
+    primitives: int = 0
+    parts: int = 0
+    states: int = 0
+    candidates: int = 0
+    measured: int = 0  # candidates with a cost (built and timed, or from the cache)
+    solving: float = 0.0
+    objective: float = 0.0  # the chosen kernels' measured total
+    greedy: float = 0.0  # greedy fusion of the model's own operators, measured alike
+    orchestrated: bool = False  # False: greedy fusion was no slower, and stays
+    seconds: float = 0.0
+
+
+@dataclass
+class Orchestration:
+    graph: Graph  # the primitive graph, or the model's own where greedy fusion stays
+    plans: list[KernelPlan]
+    summary: Summary
+
+
+def orchestrate(graph: Graph, tune: int | str = 0, target: CpuTarget | None = None,
+                measure: Measure | None = None, time_limit: float = TIME_LIMIT_S
+                ) -> Orchestration:
+    """The kernels of ``graph``, chosen by the program over measured candidates, and the
+    graph they compute (``measure`` replaces measuring, for tests); greedy fusion of the
+    model's own operators where the choice is no faster by measurement."""
+    start = time.perf_counter()
+    target = target or host()
+    measure = measure or _measurer(tune, target)
+    pg = PrimitiveGraph.of(fission(graph), target)
+    dump_text(("orchestrate", "primitives.txt"), _format_primitives(pg))
+    seeds = _greedy_members(pg, pg.graph, greedy(pg.graph))
+    composites = _greedy_members(pg, graph, greedy(graph))
+    summary = Summary(primitives=len(pg.ops))
+    plans: list[KernelPlan] = []
+    reports = []
+    for part in _parts(pg, seeds):
+        inside = [s for s in seeds if s[0] & part]
+        extra = [s for s in composites if s[0] & part == s[0]]
+        chosen, report = _orchestrate_part(pg, part, inside, extra, measure, time_limit,
+                                           summary)
+        plans += chosen
+        reports.append(report)
+    summary.greedy = _cost_of(greedy(graph), measure)
+    summary.orchestrated = summary.objective < summary.greedy * (1 - MARGIN)
+    summary.seconds = time.perf_counter() - start
+    reports.insert(0, f"objective {summary.objective * 1e6:.1f} us, greedy fusion of the "
+                      f"model's own operators {summary.greedy * 1e6:.1f} us: "
+                      f"{'orchestrated' if summary.orchestrated else 'keeping greedy fusion'}")
+    dump_text(("orchestrate", "plan.txt"), "\n\n".join(reports))
+    if not summary.orchestrated:
+        return Orchestration(graph, greedy(graph), summary)
+    return Orchestration(pg.graph, plans, summary)
+
+
+def _greedy_members(pg: PrimitiveGraph, graph: Graph, plans: Sequence[KernelPlan]
+                    ) -> list[tuple[int, tuple[Tensor, ...]]]:
+    """Each of ``plans`` (kernels of ``graph``, which fission turned into ``pg``) as the
+    primitives computing what it writes from what other kernels write, and those
+    tensors; found by name, since fission gives a replaced tensor its old name as an
+    alias. A plan whose results fission rewrote away is left out."""
+    by_name: dict[str, Tensor] = {}
+    for t in pg.graph.tensors:
+        for name in (t.name, *t.aliases):
+            by_name.setdefault(name, t)
+    index = {id(op): k for k, op in enumerate(pg.ops)}
+    produced = {t.name: plan for plan in plans for op in plan.ops for t in op.outputs}
+    found = []
+    for plan in plans:
+        if any(t.name not in by_name for t in plan.outputs):
+            continue
+        stop = {id(by_name[name]) for name, owner in produced.items()
+                if owner is not plan and name in by_name}
+        members = _computing([by_name[t.name] for t in plan.outputs], stop, index)
+        if members:
+            found.append((members, tuple(by_name[t.name] for t in plan.outputs)))
+    return found
+
+
+def _computing(outputs: list[Tensor], stop: set[int], index: dict[int, int]) -> int:
+    """The primitives (numbered by ``index``) computing ``outputs`` from the tensors in
+    ``stop``, graph inputs and constants."""
+    found = 0
+    stack = list(outputs)
+    while stack:
+        t = stack.pop()
+        if id(t) in stop or t.producer is None or id(t.producer) not in index:
+            continue
+        k = index[id(t.producer)]
+        if not found >> k & 1:
+            found |= 1 << k
+            stack += [u for u in t.producer.inputs if u is not None]
+    return found
+
+
+def _cost_of(plans: Sequence[KernelPlan], measure: Measure) -> float:
+    """The measured cost of running ``plans`` as the compiler builds them: a plan that
+    does not fuse as one kernel runs as one kernel per operator."""
+    costs = measure(plans)
+    total = 0.0
+    for plan, cost in zip(plans, costs):
+        if cost is None:
+            singles = measure([single(op) for op in plan.ops])
+            cost = float("inf") if None in singles else sum(singles)
+        total += cost
+    return total
+
+
+def _parts(pg: PrimitiveGraph, seeds) -> list[int]:
+    """The primitives in parts of at most MAX_PART (where a cut exists), cut between
+    positions no greedy kernel spans, fewest tensors crossing first."""
+    n = len(pg.ops)
+    spanned = [False] * (n + 1)
+    for members, _ in seeds:
+        low, high = (members & -members).bit_length() - 1, members.bit_length() - 1
+        for i in range(low + 1, high + 1):
+            spanned[i] = True
+    parts, start = [], 0
+    while n - start > MAX_PART:
+        cuts = [i for i in range(start + MAX_PART // 2, start + MAX_PART + 1) if not spanned[i]]
+        if not cuts:
+            cuts = [i for i in range(start + MAX_PART + 1, n) if not spanned[i]][:1]
+            if not cuts:
+                break
+        cut = min(reversed(cuts), key=lambda i: _crossing(pg, i))
+        parts.append(((1 << cut) - 1) & ~((1 << start) - 1))
+        start = cut
+    parts.append(((1 << n) - 1) & ~((1 << start) - 1))
+    return parts
+
+
+def _crossing(pg: PrimitiveGraph, cut: int) -> int:
+    """How many tensors primitives before ``cut`` write for primitives after it."""
+    before = {id(op) for op in pg.ops[:cut]}
+    return len({id(t) for op in pg.ops[cut:] for t in op.inputs
+                if t is not None and id(t.producer) in before})
+
+
+def _orchestrate_part(pg: PrimitiveGraph, part: int, seeds, extra, measure: Measure,
+                      time_limit: float, summary: Summary) -> tuple[list[KernelPlan], str]:
+    """The part's chosen kernels and what the dump says of them, counted in ``summary``;
+    ``seeds`` are the greedy kernels of the primitive graph, ``extra`` those of the
+    model's own operators (a Softmax kept whole), as candidates."""
+    start = time.perf_counter()
+    required = _required(pg, part)
+    candidates, states = _candidates(pg, part, seeds, extra, required)
+    _measure(candidates, measure)
+    usable = [c for c in candidates if c.cost is not None]
+    options = [_option(pg, part, c) for c in usable]
+    greedy_plan = _incumbent(seeds, usable)
+    greedy_cost = sum(usable[k].cost for k in greedy_plan)
+    path = _cheapest_path(pg, part, usable)
+    incumbent = path[0] if path is not None and path[1] < greedy_cost else greedy_plan
+    solution = solve(options, frozenset(required), incumbent, time_limit)
+    chosen = [usable[k].plan for k in solution.chosen]
+    report = "\n".join([
+        f"part of {part.bit_count()} primitives: {states} states, {len(candidates)} "
+        f"candidates, {len(usable)} measured", f"objective {solution.objective * 1e6:.1f} us "
+        f"(greedy {greedy_cost * 1e6:.1f} us, without recomputing "
+        f"{'-' if path is None else f'{path[1] * 1e6:.1f} us'}), "
+        f"{'optimal' if solution.optimal else 'best found in time'}, "
+        f"solved in {solution.seconds:.2f} s, part took {time.perf_counter() - start:.1f} s",
+        *(f"  {_describe(pg, usable[k])}" for k in solution.chosen),
+        "candidates:", *(f"  {_describe(pg, c)}" for c in candidates)])
+    summary.parts += 1
+    summary.states += states
+    summary.candidates += len(candidates)
+    summary.measured += len(usable)
+    summary.solving += solution.seconds
+    summary.objective += solution.objective
+    return chosen, report
+
+
+def _cheapest_path(pg: PrimitiveGraph, part: int, usable: list[Candidate]
+                   ) -> tuple[list[int], float] | None:
+    """The best plan computing each primitive of the part once (``states.cheapest_path``)
+    over the candidates that write everything read outside them."""
+    steps = [k for k, c in enumerate(usable) if c.full]
+    kernels = [(usable[k].members, _reads(pg, usable[k].members) & part) for k in steps]
+    found = cheapest_path(kernels, [usable[k].cost for k in steps], part)
+    return None if found is None else ([steps[k] for k in found[0]], found[1])
+
+
+def _reads(pg: PrimitiveGraph, members: int) -> int:
+    """The primitives outside ``members`` that they read from."""
+    found = 0
+    for p in bits(members):
+        found |= pg.producers[p]
+    return found & ~members
+
+
+def _incumbent(seeds, usable: list[Candidate]) -> list[int]:
+    """The greedy plan among the usable candidates: its kernels, and where one failed to
+    build as one kernel, its primitives one by one (as the compiler then builds it);
+    empty where even that is not possible."""
+    index = {(c.members, _ids(c.plan.outputs)): k for k, c in enumerate(usable)}
+    singles = {c.members: k for k, c in enumerate(usable) if c.members.bit_count() == 1}
+    chosen: dict[int, None] = {}
+    for members, writes in seeds:
+        if (members, _ids(writes)) in index:
+            chosen[index[(members, _ids(writes))]] = None
+        elif all(1 << p in singles for p in bits(members)):
+            chosen.update((singles[1 << p], None) for p in bits(members))
+        else:
+            return []
+    return list(chosen)
+
+
+def _required(pg: PrimitiveGraph, part: int) -> set[int]:
+    """The tensors the part must write: graph outputs and what later parts read."""
+    outputs = {id(t) for t in pg.graph.outputs}
+    found = set()
+    for p in bits(part):
+        for t in pg.ops[p].outputs:
+            readers = pg.consumers(t)
+            if id(t) in outputs or any(not part >> r & 1 for r in readers):
+                found.add(id(t))
+    return found
+
+
+def _candidates(pg: PrimitiveGraph, part: int, seeds, extra, required: set[int]
+                ) -> tuple[list[Candidate], int]:
+    """The part's buildable candidates (greedy's first), promising ones first, and how
+    many execution states they came from."""
+    local = list(bits(part))
+    position = {p: k for k, p in enumerate(local)}
+    producers = [sum(1 << position[q] for q in bits(pg.producers[p] & part)) for p in local]
+    states = execution_states(producers)
+    found: dict[tuple, Candidate] = {}
+    for members, writes in [*seeds, *extra]:
+        try:
+            plan = kernel_plan(pg, members, writes)
+        except NotAKernel:
+            continue
+        found.setdefault((members, _ids(plan.outputs)),
+                         _candidate(pg, members, plan, required, greedy=True))
+    singles = {}
+    for kernel in candidate_kernels(producers, states):
+        members = sum(1 << local[k] for k in bits(kernel))
+        for sinks_only in (False, True):
+            writes = writes_of(pg, members, required, sinks_only)
+            if not writes:
+                continue
+            try:
+                plan = kernel_plan(pg, members, writes)
+            except NotAKernel:
+                continue
+            key = (members, _ids(plan.outputs))
+            if key not in found:
+                found[key] = _candidate(pg, members, plan, required)
+            if members.bit_count() == 1:
+                singles[members] = found[key].estimate
+    kept = [c for c in found.values() if c.greedy or c.members.bit_count() == 1
+            or c.estimate < sum(singles.get(1 << p, 0.0) for p in bits(c.members))]
+    saving = {id(c): sum(singles.get(1 << p, 0.0) for p in bits(c.members)) - c.estimate
+              for c in kept}
+    kept.sort(key=lambda c: (not c.greedy, c.members.bit_count() != 1, -saving[id(c)]))
+    return kept[:max(MAX_MEASURED, sum(1 for c in kept if c.greedy
+                                       or c.members.bit_count() == 1))], len(states)
+
+
+def _candidate(pg: PrimitiveGraph, members: int, plan: KernelPlan, required: set[int],
+               greedy: bool = False) -> Candidate:
+    full = _ids(plan.outputs) == _ids(writes_of(pg, members, required, sinks_only=False))
+    return Candidate(members, plan, estimate(plan, _threads()), full, greedy)
+
+
+def _ids(tensors: Sequence[Tensor]) -> frozenset[int]:
+    return frozenset(id(t) for t in tensors)
+
+
+def _threads() -> int:
+    from treadle.config import config
+    return config.num_threads
+
+
+def _measure(candidates: list[Candidate], measure: Measure) -> None:
+    for c, seconds in zip(candidates, measure([c.plan for c in candidates])):
+        c.cost = seconds
+
+
+def _option(pg: PrimitiveGraph, part: int, c: Candidate) -> Option:
+    """The candidate in the program: it reads what primitives of this part write."""
+    inside = {id(t) for p in bits(part) for t in pg.ops[p].outputs}
+    return Option(_ids(c.plan.outputs), frozenset(id(t) for t in c.plan.inputs
+                                                  if id(t) in inside), c.cost)
+
+
+def _describe(pg: PrimitiveGraph, c: Candidate) -> str:
+    names = ", ".join(f"{pg.ops[p].op_type}[{pg.ops[p].name}]" for p in bits(c.members))
+    cost = "failed" if c.cost is None else f"{c.cost * 1e6:.1f} us"
+    writes = ", ".join(t.name for t in c.plan.outputs)
+    return (f"{cost} (estimate {c.estimate * 1e6:.1f} us){' greedy' if c.greedy else ''}: "
+            f"{{{names}}} -> {writes}")
+
+
+def _format_primitives(pg: PrimitiveGraph) -> str:
+    return "\n".join(f"{k}: {category:11s} {op!r}"
+                     for k, (op, category) in enumerate(zip(pg.ops, pg.categories)))
+
+
+def _measurer(tune: int | str, target: CpuTarget) -> Measure:
+    """Builds each plan's kernel as the compiler will (at tuning level ``tune``) and
+    measures it; a view costs nothing, a plan that fails to build is skipped."""
+    from treadle.compiler import tuned_kernel
+    from treadle.schedule.fusion import fused_kernel
+    from treadle.tune.exhaustive import measurement_progress
+    cache = CostCache(target)
+
+    def measure(plans: Sequence[KernelPlan]) -> list:
+        with dump_folder("candidates"):  # each candidate's schedule, apart from the model's
+            return _measured(plans)
+
+    def _measured(plans: Sequence[KernelPlan]) -> list:
+        functions, where, labels = [], [], []
+        costs: list = [0.0 if p.is_view else None for p in plans]
+        for k, plan in enumerate(plans):
+            if plan.is_view:
+                continue
+            try:
+                kernel = fused_kernel(plan, f"candidate{k}",
+                                      lambda op, name: tuned_kernel(op, name, tune, target))
+            except TreadleError as err:
+                log.warning("orchestration: candidate %s is skipped: %s", plan.name, err)
+                continue
+            functions.append(kernel.function)
+            where.append(k)
+            labels.append(plan.name)
+        with measurement_progress(len(functions), "orchestration") as bar:
+            seconds = cache.measure(functions, labels, bar.update)
+        for k, s in zip(where, seconds):
+            costs[k] = s
+        return costs
+    return measure

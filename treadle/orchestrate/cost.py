@@ -1,0 +1,105 @@
+"""What a candidate kernel costs: an analytic roofline to rank and drop candidates, and
+measurements of the rest, cached on disk.
+
+The roofline is the larger of the kernel's arithmetic at ``PEAK_FLOPS`` per core and its
+traffic (every input read once, every output written once) at ``BANDWIDTH``, plus a
+launch cost. It only orders candidates: a kernel it puts at or above its primitives run
+one by one gains nothing from fusing (it recomputes more than it saves) and is dropped.
+
+Candidates are measured with their inputs in cache, as a kernel finds what the kernel
+before it has just written: read cold, every kernel of a memory-bound chain looks slower
+alone than it runs in the model, and a kernel that reads its input several times (a
+layer norm's passes over a row) most of all. Measured costs are keyed by the kernel's
+program text and the machine, so identical layers, and a second compile, measure
+nothing. A candidate that fails to build, crashes
+or times out costs nothing to skip: it is left out of the program.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Callable, Sequence
+
+from treadle.atomic import write_json
+from treadle.config import config
+from treadle.graph.kernel_plan import KernelPlan
+from treadle.graph.tensor import Tensor
+from treadle.ir.compute import reachable
+from treadle.ir.expr import as_expr
+from treadle.ir.functor import evaluate, free_vars
+from treadle.ir.printer import format_function
+from treadle.ir.stmt import Function
+from treadle.target.cpu import CpuTarget
+from treadle.tune.measure import SYMBOL_SIZE, measure_functions
+
+log = logging.getLogger(__name__)
+
+PEAK_FLOPS = 30e9     # per core, float32 FMA-heavy code as treadle generates it
+BANDWIDTH = 20e9      # bytes per second from memory, all cores
+LAUNCH_S = 2e-6       # a kernel call: argument set-up and the parallel region
+FORMAT = "treadle-orchestrate-costs-2"
+
+
+def estimate(plan: KernelPlan, threads: int) -> float:
+    """Roofline seconds of ``plan``'s kernel (a view costs nothing)."""
+    if plan.is_view:
+        return 0.0
+    flops = sum(_elements(c.shape) * _elements(c.reduce_extents)
+                for op in plan.ops for c in reachable(op.definition).values())
+    traffic = sum(_bytes(t) for t in (*plan.inputs, *plan.outputs))
+    return LAUNCH_S + max(flops / (PEAK_FLOPS * threads), traffic / BANDWIDTH)
+
+
+def _elements(shape: Sequence) -> float:
+    total = 1.0
+    for d in shape:
+        d = as_expr(d)
+        total *= float(evaluate(d, {v: SYMBOL_SIZE for v in free_vars(d)}))
+    return total
+
+
+def _bytes(t: Tensor) -> float:
+    return _elements(t.shape) * t.dtype.bits / 8
+
+
+class CostCache:
+    """Measured seconds by kernel text and machine, in one file under the cache folder."""
+
+    def __init__(self, target: CpuTarget):
+        self.path = Path(config.cache_dir) / "orchestrate" / "costs.json"
+        self.machine = f"{target} threads={config.num_threads} size={SYMBOL_SIZE}"
+        self.costs = self._read()
+
+    def _read(self) -> dict[str, float | None]:
+        try:
+            data = json.loads(self.path.read_text())
+            if data.get("format") != FORMAT or not isinstance(data.get("costs"), dict):
+                raise ValueError("not a cost file of this version")
+            return {k: v for k, v in data["costs"].items()
+                    if v is None or isinstance(v, (int, float))}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as err:
+            log.warning("orchestration cost cache %s is unreadable (%s); measuring again",
+                        self.path, err)
+            return {}
+
+    def key(self, function: Function) -> str:
+        text = f"{self.machine}\n{format_function(function)}"
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def measure(self, functions: Sequence[Function], labels: Sequence[str],
+                progress: Callable[[int], object]) -> list[float | None]:
+        """Seconds per call of each function, measuring only those not cached."""
+        keys = [self.key(f) for f in functions]
+        todo = {k: f for k, f in zip(keys, functions) if k not in self.costs}
+        progress(len(functions) - len(todo))
+        if todo:
+            label_of = dict(zip(keys, labels))
+            seconds = measure_functions(list(todo.values()), progress=progress,
+                                        labels=[label_of[k] for k in todo], cold=False)
+            self.costs.update(zip(todo, seconds))
+            write_json(self.path, {"format": FORMAT, "costs": self.costs})
+        return [self.costs[k] for k in keys]

@@ -2,6 +2,7 @@
 (numpy, ONNX Runtime); with costs given, the choices it must make (recompute a value,
 write two outputs from one kernel, keep greedy fusion when nothing beats it); failing
 candidates are skipped; a second orchestration measures nothing."""
+import json
 import logging
 
 import numpy as np
@@ -57,6 +58,28 @@ def test_a_second_orchestration_measures_nothing(cache, monkeypatch):
     compiled = treadle.compile(attention_model(), orchestrate=True)
     feeds = {n: random_array((2, 5, 8), seed=k) for k, n in enumerate("qkv")}
     assert_close(compiled(**feeds)[0], run_onnxruntime(attention_model(), feeds)[0], reduction=8)
+
+
+def test_a_second_orchestration_builds_no_candidate_and_a_damaged_entry_is_chosen_anew(
+        tmp_path, caplog):
+    x = ops.input("x", "float32", [5, 13])
+    h = x
+    for _ in range(2):
+        h = ops.layer_norm(ops.relu(h), ops.constant(random_array(13, seed=1)))
+    graph = optimize(ops.graph([x], [h], "two_layers"))
+    with override(cache_dir=tmp_path):
+        first = orchestrate(graph).summary
+        again = orchestrate(graph).summary
+        assert again.candidates == 0 and again.objective == pytest.approx(first.objective)
+        path = tmp_path / "orchestrate" / "costs.json"
+        data = json.loads(path.read_text())
+        for entry in data["parts"].values():
+            if "kernels" in entry:
+                entry["kernels"] = [[1 << 40, [[99, 0]]]]
+        path.write_text(json.dumps(data))
+        with caplog.at_level(logging.WARNING):
+            done = orchestrate(graph)
+    assert "does not fit its part" in caplog.text and done.summary.candidates > 0
 
 
 def test_candidates_that_fail_are_skipped_with_a_warning(tmp_path, monkeypatch, caplog):
@@ -169,3 +192,11 @@ def test_a_long_graph_is_solved_in_parts(monkeypatch, tmp_path):
         e = np.exp(want - want.max(axis=-1, keepdims=True))
         want = (e / e.sum(axis=-1, keepdims=True)) @ random_array((13, 13), seed=k)
     assert_close(model(xv)[0], want, reduction=13 * 6)
+
+
+def test_without_scipy_the_error_names_the_extra(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "scipy.optimize", None)
+    graph, _ = shared_exponential()
+    with pytest.raises(ImportError, match=r"treadle\[orchestrate\]"):
+        orchestrate(optimize(graph), measure=writes_cost)

@@ -25,9 +25,13 @@ estimate and cost, and each part's chosen kernels with the objective next to gre
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 from treadle.dump import dump_folder, dump_text
@@ -37,7 +41,7 @@ from treadle.graph.kernel_plan import KernelPlan, greedy, single
 from treadle.graph.passes.fission import fission
 from treadle.graph.tensor import Tensor
 from treadle.orchestrate.blp import TIME_LIMIT_S, Option, solve
-from treadle.orchestrate.cost import CostCache, estimate
+from treadle.orchestrate.cost import OrchestrationCache, estimate
 from treadle.orchestrate.primitives import (NotAKernel, PrimitiveGraph, kernel_plan,
                                             writes_of)
 from treadle.orchestrate.states import (bits, candidate_kernels, cheapest_path,
@@ -95,24 +99,26 @@ def orchestrate(graph: Graph, tune: int | str = 0, target: CpuTarget | None = No
     """The kernels of ``graph``, chosen by the program over measured candidates, and the
     graph they compute (``measure`` replaces measuring, for tests); greedy fusion of the
     model's own operators where the choice is no faster by measurement."""
+    _require_scipy()
     start = time.perf_counter()
     target = target or host()
-    measure = measure or _measurer(tune, target)
+    # Chosen kernels are kept only for measured costs: given ones (tests) choose anew.
+    cache = OrchestrationCache(target) if measure is None else None
+    measure = measure or _measurer(tune, target, cache)
     pg = PrimitiveGraph.of(fission(graph), target)
     dump_text(("orchestrate", "primitives.txt"), _format_primitives(pg))
     seeds = _greedy_members(pg, pg.graph, greedy(pg.graph))
     composites = _greedy_members(pg, graph, greedy(graph))
     summary = Summary(primitives=len(pg.ops))
     plans: list[KernelPlan] = []
-    reports = []
+    reports, texts = [], []
     for part in _parts(pg, seeds):
-        inside = [s for s in seeds if s[0] & part]
-        extra = [s for s in composites if s[0] & part == s[0]]
-        chosen, report = _orchestrate_part(pg, part, inside, extra, measure, time_limit,
-                                           summary)
+        texts.append(_part_text(pg, part, tune))
+        chosen, report = _part_plans(pg, part, texts[-1], seeds, composites, measure,
+                                     time_limit, summary, cache)
         plans += chosen
         reports.append(report)
-    summary.greedy = _cost_of(greedy(graph), measure)
+    summary.greedy = _greedy_cost(graph, measure, cache, "\n".join(texts))
     summary.orchestrated = summary.objective < summary.greedy * (1 - MARGIN)
     summary.seconds = time.perf_counter() - start
     reports.insert(0, f"objective {summary.objective * 1e6:.1f} us, greedy fusion of the "
@@ -122,6 +128,119 @@ def orchestrate(graph: Graph, tune: int | str = 0, target: CpuTarget | None = No
     if not summary.orchestrated:
         return Orchestration(graph, greedy(graph), summary)
     return Orchestration(pg.graph, plans, summary)
+
+
+def _part_plans(pg: PrimitiveGraph, part: int, text: str, seeds, composites,
+                measure: Measure, time_limit: float, summary: Summary,
+                cache: OrchestrationCache | None) -> tuple[list[KernelPlan], str]:
+    """The part's kernels, from the cache where they are stored (by ``text``), and what
+    the dump says of them."""
+    stored = None if cache is None else _stored(pg, part, cache.part(text))
+    if stored is not None:
+        chosen, objective = stored
+        summary.parts += 1
+        summary.objective += objective
+        return chosen, (f"part of {part.bit_count()} primitives: {len(chosen)} kernels "
+                        f"from the cache, {objective * 1e6:.1f} us")
+    inside = [s for s in seeds if s[0] & part]
+    extra = [s for s in composites if s[0] & part == s[0]]
+    chosen, objective, report = _orchestrate_part(pg, part, inside, extra, measure,
+                                                  time_limit, summary)
+    if cache is not None:
+        cache.store_part(text, _storable(pg, part, chosen, objective))
+    return [c.plan for c in chosen], report
+
+
+def _greedy_cost(graph: Graph, measure: Measure, cache: OrchestrationCache | None,
+                 text: str) -> float:
+    """Greedy fusion's measured cost, kept with the parts' kernels (``text`` describes
+    them all)."""
+    key = f"greedy fusion of\n{text}"
+    stored = None if cache is None else cache.part(key)
+    if stored is not None and isinstance(stored.get("objective"), (int, float)):
+        return float(stored["objective"])
+    cost = _cost_of(greedy(graph), measure)
+    if cache is not None:
+        cache.store_part(key, {"objective": cost})
+    return cost
+
+
+def _part_text(pg: PrimitiveGraph, part: int, tune: int | str) -> str:
+    """What decides a part's kernels: each primitive's type, attributes and tensors (by
+    position in the part, or an outside tensor's number, type and shape, and which
+    results later parts read), the tuning level, and the orchestrator's source."""
+    local = {id(pg.ops[p]): k for k, p in enumerate(bits(part))}
+    outside: dict[int, int] = {}
+    required = _required(pg, part)
+    lines = [f"tune {tune}", f"source {_source_digest()}"]
+    for p in bits(part):
+        op = pg.ops[p]
+        reads = []
+        for t in op.inputs:
+            if t is None:
+                reads.append("-")
+            elif t.producer is not None and id(t.producer) in local:
+                reads.append(f"p{local[id(t.producer)]}.{t.producer.outputs.index(t)}")
+            else:
+                number = outside.setdefault(id(t), len(outside))
+                kind = "constant" if t.is_constant else "input"
+                reads.append(f"{kind}{number}:{t.dtype}{list(t.shape)}")
+        writes = [f"{t.dtype}{list(t.shape)}{' read after' if id(t) in required else ''}"
+                  for t in op.outputs]
+        lines.append(f"{op.op_type} {sorted(op.attrs.items())!r} ({', '.join(reads)}) "
+                     f"-> {', '.join(writes)}")
+    return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=None)
+def _source_digest() -> str:
+    """The orchestrator's and fission's source: a change to either chooses anew."""
+    package = Path(__file__).resolve().parent
+    files = sorted(package.glob("*.py")) + [package.parent / "graph" / "passes" / "fission.py"]
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
+
+
+def _storable(pg: PrimitiveGraph, part: int, chosen: Sequence[Candidate],
+              objective: float) -> dict:
+    """The part's kernels as positions within it: each kernel's members (a mask over the
+    part's primitives) and the results it writes (primitive, output)."""
+    position = {p: k for k, p in enumerate(bits(part))}
+    index = {id(op): k for k, op in enumerate(pg.ops)}
+    kernels = []
+    for c in chosen:
+        members = sum(1 << position[p] for p in bits(c.members))
+        writes = [[position[index[id(t.producer)]], t.producer.outputs.index(t)]
+                  for t in c.plan.outputs]
+        kernels.append([members, writes])
+    return {"kernels": kernels, "objective": objective}
+
+
+def _stored(pg: PrimitiveGraph, part: int, data: dict | None
+            ) -> tuple[list[KernelPlan], float] | None:
+    """The kernels stored for the part, rebuilt over its primitives; None where there are
+    none or they do not fit it (a damaged entry is chosen anew)."""
+    if data is None:
+        return None
+    local = list(bits(part))
+    try:
+        plans = []
+        for members, writes in data["kernels"]:
+            mask = sum(1 << local[k] for k in range(len(local)) if members >> k & 1)
+            tensors = [pg.ops[local[p]].outputs[k] for p, k in writes]
+            plans.append(kernel_plan(pg, mask, tensors))
+        return plans, float(data["objective"])
+    except (KeyError, IndexError, TypeError, ValueError, NotAKernel) as err:
+        log.warning("orchestration: a stored plan does not fit its part (%s); choosing anew",
+                    err)
+        return None
+
+
+def _require_scipy() -> None:
+    try:
+        importlib.import_module("scipy.optimize")
+    except ImportError as err:
+        raise ImportError("orchestration solves a binary linear program with scipy, which "
+                          "is not installed: pip install 'treadle[orchestrate]'") from err
 
 
 def _greedy_members(pg: PrimitiveGraph, graph: Graph, plans: Sequence[KernelPlan]
@@ -208,8 +327,10 @@ def _crossing(pg: PrimitiveGraph, cut: int) -> int:
 
 
 def _orchestrate_part(pg: PrimitiveGraph, part: int, seeds, extra, measure: Measure,
-                      time_limit: float, summary: Summary) -> tuple[list[KernelPlan], str]:
-    """The part's chosen kernels and what the dump says of them, counted in ``summary``;
+                      time_limit: float, summary: Summary
+                      ) -> tuple[list[Candidate], float, str]:
+    """The part's chosen kernels, their cost and what the dump says of them, counted in
+    ``summary``;
     ``seeds`` are the greedy kernels of the primitive graph, ``extra`` those of the
     model's own operators (a Softmax kept whole), as candidates."""
     start = time.perf_counter()
@@ -223,7 +344,7 @@ def _orchestrate_part(pg: PrimitiveGraph, part: int, seeds, extra, measure: Meas
     path = _cheapest_path(pg, part, usable)
     incumbent = path[0] if path is not None and path[1] < greedy_cost else greedy_plan
     solution = solve(options, frozenset(required), incumbent, time_limit)
-    chosen = [usable[k].plan for k in solution.chosen]
+    chosen = [usable[k] for k in solution.chosen]
     report = "\n".join([
         f"part of {part.bit_count()} primitives: {states} states, {len(candidates)} "
         f"candidates, {len(usable)} measured", f"objective {solution.objective * 1e6:.1f} us "
@@ -239,7 +360,7 @@ def _orchestrate_part(pg: PrimitiveGraph, part: int, seeds, extra, measure: Meas
     summary.measured += len(usable)
     summary.solving += solution.seconds
     summary.objective += solution.objective
-    return chosen, report
+    return chosen, solution.objective, report
 
 
 def _cheapest_path(pg: PrimitiveGraph, part: int, usable: list[Candidate]
@@ -370,13 +491,12 @@ def _format_primitives(pg: PrimitiveGraph) -> str:
                      for k, (op, category) in enumerate(zip(pg.ops, pg.categories)))
 
 
-def _measurer(tune: int | str, target: CpuTarget) -> Measure:
+def _measurer(tune: int | str, target: CpuTarget, cache: OrchestrationCache) -> Measure:
     """Builds each plan's kernel as the compiler will (at tuning level ``tune``) and
     measures it; a view costs nothing, a plan that fails to build is skipped."""
     from treadle.compiler import tuned_kernel
     from treadle.schedule.fusion import fused_kernel
     from treadle.tune.exhaustive import measurement_progress
-    cache = CostCache(target)
 
     def measure(plans: Sequence[KernelPlan]) -> list:
         with dump_folder("candidates"):  # each candidate's schedule, apart from the model's

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 PEAK_FLOPS = 30e9     # per core, float32 FMA-heavy code as treadle generates it
 BANDWIDTH = 20e9      # bytes per second from memory, all cores
 LAUNCH_S = 2e-6       # a kernel call: argument set-up and the parallel region
-FORMAT = "treadle-orchestrate-costs-2"
+FORMAT = "treadle-orchestrate-cache-3"
 
 
 def estimate(plan: KernelPlan, threads: int) -> float:
@@ -64,36 +64,49 @@ def _bytes(t: Tensor) -> float:
     return _elements(t.shape) * t.dtype.bits / 8
 
 
-class CostCache:
-    """Measured seconds by kernel text and machine, in one file under the cache folder."""
+class OrchestrationCache:
+    """Measured seconds by kernel text, and chosen kernels by part, for this machine, in
+    one file under the cache folder."""
 
     def __init__(self, target: CpuTarget):
         self.path = Path(config.cache_dir) / "orchestrate" / "costs.json"
         self.machine = f"{target} threads={config.num_threads} size={SYMBOL_SIZE}"
-        self.costs = self._read()
+        self.costs, self.parts = self._read()
 
-    def _read(self) -> dict[str, float | None]:
+    def _read(self) -> tuple[dict[str, float | None], dict[str, dict]]:
         try:
             data = json.loads(self.path.read_text())
-            if data.get("format") != FORMAT or not isinstance(data.get("costs"), dict):
-                raise ValueError("not a cost file of this version")
-            return {k: v for k, v in data["costs"].items()
-                    if v is None or isinstance(v, (int, float))}
+            if data.get("format") != FORMAT or not isinstance(data.get("costs"), dict) \
+                    or not isinstance(data.get("parts"), dict):
+                raise ValueError("not a cache file of this version")
+            costs = {k: v for k, v in data["costs"].items()
+                     if v is None or isinstance(v, (int, float))}
+            return costs, {k: v for k, v in data["parts"].items() if isinstance(v, dict)}
         except FileNotFoundError:
-            return {}
+            return {}, {}
         except (OSError, ValueError) as err:
-            log.warning("orchestration cost cache %s is unreadable (%s); measuring again",
+            log.warning("orchestration cache %s is unreadable (%s); measuring again",
                         self.path, err)
-            return {}
+            return {}, {}
 
-    def key(self, function: Function) -> str:
-        text = f"{self.machine}\n{format_function(function)}"
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
+    def _write(self) -> None:
+        write_json(self.path, {"format": FORMAT, "costs": self.costs, "parts": self.parts})
+
+    def key(self, text: str) -> str:
+        return hashlib.sha256(f"{self.machine}\n{text}".encode()).hexdigest()[:32]
+
+    def part(self, text: str) -> dict | None:
+        """The kernels stored for the part described by ``text``."""
+        return self.parts.get(self.key(text))
+
+    def store_part(self, text: str, chosen: dict) -> None:
+        self.parts[self.key(text)] = chosen
+        self._write()
 
     def measure(self, functions: Sequence[Function], labels: Sequence[str],
                 progress: Callable[[int], object]) -> list[float | None]:
         """Seconds per call of each function, measuring only those not cached."""
-        keys = [self.key(f) for f in functions]
+        keys = [self.key(format_function(f)) for f in functions]
         todo = {k: f for k, f in zip(keys, functions) if k not in self.costs}
         progress(len(functions) - len(todo))
         if todo:
@@ -101,5 +114,5 @@ class CostCache:
             seconds = measure_functions(list(todo.values()), progress=progress,
                                         labels=[label_of[k] for k in todo], cold=False)
             self.costs.update(zip(todo, seconds))
-            write_json(self.path, {"format": FORMAT, "costs": self.costs})
+            self._write()
         return [self.costs[k] for k in keys]

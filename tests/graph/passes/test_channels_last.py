@@ -17,7 +17,7 @@ def node(op, inputs, outputs, **attrs):
 def small_net(side: int, pads_input: bool = True):
     """Conv-BN-ReLU, max pool, a residual 3x3 block, a 1x1 branch joined by Concat, an
     average pool and a global pool: the layers of ResNet and Inception in miniature."""
-    c = 6
+    c = 8
     nodes = [
         node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
         node("BatchNormalization", ["c0", "g", "beta", "mean", "var"], ["bn"]),
@@ -65,6 +65,19 @@ def test_layers_run_channels_last_and_only_the_ends_transpose():
     assert pads and all(p.inputs[0].producer.op_type != "Transpose" for p in pads[1:])
 
 
+@pytest.mark.parametrize("channels", [3, 8])
+def test_a_convolution_to_few_channels_stays_channels_first(channels):
+    """Few output channels: the GEMM is channels x pixels, not pixels x channels."""
+    nodes = [node("Relu", ["x"], ["r"]), node("Conv", ["r", "w"], ["y"], pads=[1, 1, 1, 1])]
+    model = make_model(nodes, [tensor("x", [1, 8, 13, 11])], [tensor("y", None)],
+                       {"w": random_array((channels, 8, 3, 3), seed=1)})
+    graph = optimize(from_onnx(model))
+    assert ("Conv" in op_types(graph)) == (channels < 8)
+    x = random_array((1, 8, 13, 11), seed=2)
+    assert_close(compile_graph(from_onnx(model))(x)[0], run_onnxruntime(model, {"x": x})[0],
+                 reduction=72)
+
+
 @pytest.mark.parametrize("batch,side", [(1, 11), (2, 7), (1, 16)])
 def test_small_net_matches_onnxruntime(batch, side):
     model = small_net(side)
@@ -76,12 +89,12 @@ def test_small_net_matches_onnxruntime(batch, side):
 
 def test_non_constant_broadcast_operand_keeps_the_transpose():
     nodes = [node("Conv", ["x", "w"], ["c"]), node("Mul", ["c", "s"], ["y"])]
-    model = make_model(nodes, [tensor("x", [1, 4, 5, 7]), tensor("s", [3, 1, 1])],
-                       [tensor("y", [1, 3, 5, 7])], {"w": random_array((3, 4, 1, 1), seed=1)})
+    model = make_model(nodes, [tensor("x", [1, 4, 5, 7]), tensor("s", [8, 1, 1])],
+                       [tensor("y", [1, 8, 5, 7])], {"w": random_array((8, 4, 1, 1), seed=1)})
     graph = optimize(from_onnx(model))
     mul = next(n for n in graph.nodes if n.op_type == "Mul")
     assert mul.inputs[0].producer.op_type == "Transpose"
-    feeds = {"x": random_array((1, 4, 5, 7), seed=2), "s": random_array((3, 1, 1), seed=3)}
+    feeds = {"x": random_array((1, 4, 5, 7), seed=2), "s": random_array((8, 1, 1), seed=3)}
     assert_close(compile_graph(from_onnx(model))(**feeds)[0],
                  run_onnxruntime(model, feeds)[0], reduction=4)
 

@@ -5,8 +5,8 @@ stores each output vector of channels one image plane apart, and its packing wal
 input one plane per reduction step. Channels last, the output channels and the input
 channels of each tap are contiguous, and a 1x1 convolution is a plain matrix product.
 
-Each Conv, MaxPool and AveragePool becomes its channels-last twin between two
-transposes: ``to_nchw(ChannelsLastConv(to_nhwc(x)))``. The transposes back to NCHW then
+Each Conv (but one with fewer output channels than a GEMM's narrowest columns), MaxPool
+and AveragePool becomes its channels-last twin between two transposes: ``to_nchw(ChannelsLastConv(to_nhwc(x)))``. The transposes back to NCHW then
 sink through the operators that commute with them (element-wise ops, whose constant
 operands are transposed instead, Pad, Concat) until they meet the next layer's
 ``to_nhwc`` and cancel, so between consecutive layers the activations stay channels-last.
@@ -26,6 +26,7 @@ from treadle.graph.ops.elementwise import ELEMENTWISE
 from treadle.graph.ops.transform import transpose_perm
 from treadle.graph.rewrite import rewrite_graph
 from treadle.graph.tensor import Tensor, constant
+from treadle.schedule.templates.gemm import MIN_GEMM_COLUMNS
 
 LAYERS = ("Conv", "MaxPool", "AveragePool")
 
@@ -35,7 +36,8 @@ def channels_last(graph: Graph) -> Graph:
 
 
 def _rule(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
-    if node.op_type in LAYERS and inputs[0].rank >= 3 and len(node.outputs) == 1:
+    if node.op_type in LAYERS and inputs[0].rank >= 3 and len(node.outputs) == 1 \
+            and not _narrow(node):
         return [_layer(node, inputs)]
     if node.op_type == "Transpose":
         return _compose(node, inputs[0])
@@ -46,6 +48,17 @@ def _rule(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
     if node.op_type == "Concat":
         return _sink_concat(node, inputs)
     return None
+
+
+def _narrow(node: Operator) -> bool:
+    """A convolution with fewer output channels than a GEMM's narrowest columns (an image
+    model's last layer, back to 3 colours) stays N x C x spatial: there its GEMM is a few
+    rows by the pixels, channels last the pixels by a few scattered columns (Candy's last
+    layer ran 5x slower)."""
+    if node.op_type != "Conv":
+        return False
+    channels = node.outputs[0].shape[1]
+    return isinstance(channels, int) and channels < MIN_GEMM_COLUMNS
 
 
 def to_last(rank: int) -> list[int]:

@@ -54,3 +54,22 @@ def test_narrow_products_are_left_to_other_templates():
     xi = Tensor("xi", "int32", [7, 24])
     wi = constant(np.ones((24, 16), np.int32))
     assert GEMM.match(apply("MatMul", [xi, wi])[0].producer) is None
+
+
+def test_a_product_few_columns_wide_but_many_rows_long_swaps_its_factors():
+    """3 columns by 61 rows is 3 rows by 61 columns the other way round: the weights
+    become the left factor, and the numbers stay numpy's."""
+    from tests.harness import assert_close
+    from treadle import ops
+    from treadle.compiler import compile_graph
+    x = Tensor("x", "float32", [61, 24])
+    w = random_array((24, 3), seed=1)
+    op = apply("MatMul", [x, constant(w)])[0].producer
+    pattern = GEMM.match(op)
+    out = op.definition[0]
+    assert pattern.m_axes == (out.axes[1],) and pattern.n_axes == (out.axes[0],)
+    assert not pattern.constant_right
+    a = ops.input("a", "float32", [61, 24])
+    model = compile_graph(ops.graph([a], [ops.matmul(a, ops.constant(w))]))
+    xv = random_array((61, 24), seed=2)
+    assert_close(model(xv)[0], xv @ w, reduction=24)

@@ -46,6 +46,8 @@ class GemmTemplate:
         if len(op.definition) != 1:
             return None
         pattern = match_gemm_output(op.definition[0])
+        if pattern is not None and pattern.n_axes and not _wide_enough(pattern):
+            pattern = _swapped(pattern)
         if pattern is None or not _wide_enough(pattern):
             return None
         return replace(with_constants(pattern, op.constant_inputs),
@@ -117,6 +119,14 @@ def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPatte
     examples); ``checks`` are run-time conditions the kernel asserts before any work."""
     pattern = replace(pattern, inputs=tuple(inputs), checks=tuple(checks))
     return emit(resolve(pattern, cfg, host()), name)
+
+
+def _swapped(pattern: GemmPattern) -> GemmPattern:
+    """The same product with the factors' roles exchanged: a convolution to 3 channels is
+    3 columns of pixels wide, and 3 rows by pixels the other way round. (A product
+    without columns, as a depthwise convolution is, stays a window.)"""
+    return replace(pattern, left=pattern.right, right=pattern.left, m_axes=pattern.n_axes,
+                   n_axes=pattern.m_axes)
 
 
 def _wide_enough(pattern: GemmPattern) -> bool:

@@ -23,6 +23,10 @@ TIME_LIMIT_S = 5.0
 MAX_CUTS = 200
 
 
+class Infeasible(ValueError):
+    """No set of the candidate kernels computes the required values."""
+
+
 @dataclass(frozen=True)
 class Option:
     """A candidate kernel as the program sees it: the values it writes and those it
@@ -78,7 +82,7 @@ def solve(options: Sequence[Option], required: frozenset, incumbent: Sequence[in
                             time.perf_counter() - start)
         break
     if not incumbent:
-        raise ValueError("no set of the candidate kernels computes the outputs")
+        raise Infeasible("no set of the candidate kernels computes the outputs")
     order = run_order(options, incumbent, required)
     return Solution(tuple(order), bound, False, time.perf_counter() - start)
 

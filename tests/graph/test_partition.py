@@ -75,3 +75,13 @@ def test_groups_never_wait_for_each_other():
                     assert id(t) in written, f"{group.name} reads {t.name} before it is written"
         written.update(id(t) for op in group.ops for t in op.outputs)
     assert sum(len(g.epilogues) for g in groups) == 2  # both sums still fuse
+
+
+def test_resizing_is_its_own_kernel_not_a_prologue():
+    """A resize inlined into a reader computes source positions and weights at every
+    read; the product reads a resized copy instead."""
+    x = ops.input("x", "float32", [6, 5, 8])
+    scales = ops.constant(np.array([1, 2, 2], np.float32))
+    up = ops.op("Resize", x, None, scales, mode="linear")
+    y = ops.matmul(up, ops.constant(random_array((16, 3), seed=1)))
+    assert groups_of([y], [x]) == [("Resize", [], []), ("MatMul", [], [])]

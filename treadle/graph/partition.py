@@ -11,9 +11,10 @@ rules, plus the operators fused into it after scheduling:
   two anchors is computed once, as the first one's epilogue.
 * prologues: injective groups (every operator computes each output element from its
   inputs without reducing) whose results only one other group reads; they are inlined at
-  that group's loads. Padding is never inlined into a reader (``MATERIALISED``); a
-  constant padding of an anchor's result is its last epilogue instead: the kernel stores
-  each element at its padded position and fills the border itself (``padding_of``).
+  that group's loads. Padding and resizing are never inlined into a reader
+  (``MATERIALISED``); a constant padding of an anchor's result is its last epilogue
+  instead: the kernel stores each element at its padded position and fills the border
+  itself (``padding_of``).
 
 A group may produce several tensors: the last epilogue's result and any in-group tensor
 that something outside the group still reads. Groups never form a cycle: an operator joins
@@ -55,10 +56,13 @@ class Group:
         return self.anchor.name
 
 
-# Injective operators never inlined into a reader: a padded copy costs one pass, while
-# inlined padding checks bounds at every read, and a convolution reads each element as
-# many times as its kernel has taps (canonicalize splits padding off convolutions).
-MATERIALISED = frozenset({"Pad"})
+# Injective operators never inlined into a reader: a padded or resized copy costs one
+# pass, while inlined padding checks bounds at every read and inlined resizing computes
+# source positions and weights (and gathers) at every read, and a convolution reads each
+# element as many times as its kernel has taps (canonicalize splits padding off
+# convolutions). Segformer's head resized into its 1x1 convolution's packing ran that
+# convolution 2.5x slower than resizing first.
+MATERIALISED = frozenset({"Pad", "Resize"})
 
 # Operators whose kernel checks every element it copies: fused into another kernel, only
 # their definition (an identity) would remain.

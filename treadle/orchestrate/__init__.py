@@ -108,8 +108,9 @@ def orchestrate(graph: Graph, tune: int | str = 0, target: CpuTarget | None = No
     measure = measure or _measurer(tune, target, cache)
     pg = PrimitiveGraph.of(fission(graph), target)
     dump_text(("orchestrate", "primitives.txt"), _format_primitives(pg))
+    own = greedy(graph)  # greedy fusion of the model's own operators
     seeds = _greedy_members(pg, pg.graph, greedy(pg.graph))
-    composites = _greedy_members(pg, graph, greedy(graph))
+    composites = _greedy_members(pg, graph, own)
     summary = Summary(primitives=len(pg.ops))
     plans: list[KernelPlan] = []
     reports, texts = [], []
@@ -121,10 +122,10 @@ def orchestrate(graph: Graph, tune: int | str = 0, target: CpuTarget | None = No
         except Infeasible:
             log.warning("orchestration: too many candidates failed to compute a part of "
                         "%s; keeping greedy fusion", graph.name)
-            return Orchestration(graph, greedy(graph), summary)
+            return Orchestration(graph, own, summary)
         plans += chosen
         reports.append(report)
-    summary.greedy = _greedy_cost(graph, measure, cache, "\n".join(texts))
+    summary.greedy = _greedy_cost(own, measure, cache, "\n".join(texts))
     summary.orchestrated = summary.objective < summary.greedy
     summary.seconds = time.perf_counter() - start
     reports.insert(0, f"objective {summary.objective * 1e6:.1f} us, greedy fusion of the "
@@ -132,7 +133,7 @@ def orchestrate(graph: Graph, tune: int | str = 0, target: CpuTarget | None = No
                       f"{'orchestrated' if summary.orchestrated else 'keeping greedy fusion'}")
     dump_text(("orchestrate", "plan.txt"), "\n\n".join(reports))
     if not summary.orchestrated:
-        return Orchestration(graph, greedy(graph), summary)
+        return Orchestration(graph, own, summary)
     return Orchestration(pg.graph, plans, summary)
 
 
@@ -157,15 +158,15 @@ def _part_plans(pg: PrimitiveGraph, part: int, text: str, seeds, composites,
     return [c.plan for c in chosen], report
 
 
-def _greedy_cost(graph: Graph, measure: Measure, cache: OrchestrationCache | None,
-                 text: str) -> float:
-    """Greedy fusion's measured cost, kept with the parts' kernels (``text`` describes
-    them all)."""
+def _greedy_cost(plans: Sequence[KernelPlan], measure: Measure,
+                 cache: OrchestrationCache | None, text: str) -> float:
+    """The measured cost of greedy fusion's ``plans``, kept with the parts' kernels
+    (``text`` describes them all)."""
     key = f"greedy fusion of\n{text}"
     stored = None if cache is None else cache.part(key)
     if stored is not None and isinstance(stored.get("objective"), (int, float)):
         return float(stored["objective"])
-    cost = _cost_of(greedy(graph), measure)
+    cost = _cost_of(plans, measure)
     if cache is not None:
         cache.store_part(key, {"objective": cost})
     return cost
@@ -336,15 +337,15 @@ def _orchestrate_part(pg: PrimitiveGraph, part: int, seeds, extra, measure: Meas
                       time_limit: float, summary: Summary
                       ) -> tuple[list[Candidate], float, str]:
     """The part's chosen kernels, their cost and what the dump says of them, counted in
-    ``summary``;
-    ``seeds`` are the greedy kernels of the primitive graph, ``extra`` those of the
-    model's own operators (a Softmax kept whole), as candidates."""
+    ``summary``; ``seeds`` are the greedy kernels of the primitive graph, ``extra`` those
+    of the model's own operators (a Softmax kept whole), as candidates."""
     start = time.perf_counter()
     required = _required(pg, part)
     candidates, states = _candidates(pg, part, seeds, extra, required)
     _measure(candidates, measure)
     usable = [c for c in candidates if c.cost is not None]
-    options = [_option(pg, part, c) for c in usable]
+    written = {id(t) for p in bits(part) for t in pg.ops[p].outputs}
+    options = [_option(c, written) for c in usable]
     greedy_plan = _incumbent(seeds, usable)
     greedy_cost = sum(usable[k].cost for k in greedy_plan)
     path = _cheapest_path(pg, part, usable)
@@ -455,10 +456,10 @@ def _candidates(pg: PrimitiveGraph, part: int, seeds, extra, required: set[int]
                 found[key] = _candidate(pg, members, plan, required)
             if members.bit_count() == 1:
                 singles[members] = found[key].estimate
-    kept = [c for c in found.values() if c.greedy or c.members.bit_count() == 1
-            or c.estimate < sum(singles.get(1 << p, 0.0) for p in bits(c.members))]
     saving = {id(c): sum(singles.get(1 << p, 0.0) for p in bits(c.members)) - c.estimate
-              for c in kept}
+              for c in found.values()}
+    kept = [c for c in found.values()
+            if c.greedy or c.members.bit_count() == 1 or saving[id(c)] > 0]
     kept.sort(key=lambda c: (not c.greedy, c.members.bit_count() != 1, -saving[id(c)]))
     return kept[:max(MAX_MEASURED, sum(1 for c in kept if c.greedy
                                        or c.members.bit_count() == 1))], len(states)
@@ -467,16 +468,11 @@ def _candidates(pg: PrimitiveGraph, part: int, seeds, extra, required: set[int]
 def _candidate(pg: PrimitiveGraph, members: int, plan: KernelPlan, required: set[int],
                greedy: bool = False) -> Candidate:
     full = _ids(plan.outputs) == _ids(writes_of(pg, members, required, sinks_only=False))
-    return Candidate(members, plan, estimate(plan, _threads()), full, greedy)
+    return Candidate(members, plan, estimate(plan), full, greedy)
 
 
 def _ids(tensors: Sequence[Tensor]) -> frozenset[int]:
     return frozenset(id(t) for t in tensors)
-
-
-def _threads() -> int:
-    from treadle.config import config
-    return config.num_threads
 
 
 def _measure(candidates: list[Candidate], measure: Measure) -> None:
@@ -484,11 +480,11 @@ def _measure(candidates: list[Candidate], measure: Measure) -> None:
         c.cost = seconds
 
 
-def _option(pg: PrimitiveGraph, part: int, c: Candidate) -> Option:
-    """The candidate in the program: it reads what primitives of this part write."""
-    inside = {id(t) for p in bits(part) for t in pg.ops[p].outputs}
+def _option(c: Candidate, written: set[int]) -> Option:
+    """The candidate in the program: it reads those of ``written`` (the tensors this
+    part's primitives compute) that it does not compute itself."""
     return Option(_ids(c.plan.outputs), frozenset(id(t) for t in c.plan.inputs
-                                                  if id(t) in inside), c.cost)
+                                                  if id(t) in written), c.cost)
 
 
 def _describe(pg: PrimitiveGraph, c: Candidate) -> str:

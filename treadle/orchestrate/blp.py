@@ -73,7 +73,7 @@ def solve(options: Sequence[Option], required: frozenset, incumbent: Sequence[in
         chosen = needed(options, [k for k, x in enumerate(result.x) if x > 0.5], required)
         order = run_order(options, chosen, required)
         if order is None:
-            row, low = _cycle_cut(options, chosen, required)
+            row, low = _cycle_cut(options, chosen)
             rows.append(row)
             lower.append(low)
             continue
@@ -110,7 +110,7 @@ def _constraints(options: Sequence[Option], required: frozenset
     return rows, lower
 
 
-def _cycle_cut(options: Sequence[Option], chosen: Sequence[int], required: frozenset
+def _cycle_cut(options: Sequence[Option], chosen: Sequence[int]
                ) -> tuple[np.ndarray, float]:
     """The constraint ruling out kernels that wait on each other, found when ordering
     ``chosen`` got stuck: a smallest set C of stuck kernels whose unwritten inputs only

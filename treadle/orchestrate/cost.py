@@ -11,8 +11,9 @@ before it has just written: read cold, every kernel of a memory-bound chain look
 alone than it runs in the model, and a kernel that reads its input several times (a
 layer norm's passes over a row) most of all. Measured costs are keyed by the kernel's
 program text and the machine, so identical layers, and a second compile, measure
-nothing. A candidate that fails to build, crashes
-or times out costs nothing to skip: it is left out of the program.
+nothing; the kernels chosen for a part are kept beside them, keyed by the part's
+primitives, so a second compile builds no candidate either. A candidate that fails to
+build, crashes or times out costs nothing to skip: it is left out of the program.
 """
 from __future__ import annotations
 
@@ -42,14 +43,14 @@ LAUNCH_S = 2e-6       # a kernel call: argument set-up and the parallel region
 FORMAT = "treadle-orchestrate-cache-3"
 
 
-def estimate(plan: KernelPlan, threads: int) -> float:
+def estimate(plan: KernelPlan) -> float:
     """Roofline seconds of ``plan``'s kernel (a view costs nothing)."""
     if plan.is_view:
         return 0.0
     flops = sum(_elements(c.shape) * _elements(c.reduce_extents)
                 for op in plan.ops for c in reachable(op.definition).values())
     traffic = sum(_bytes(t) for t in (*plan.inputs, *plan.outputs))
-    return LAUNCH_S + max(flops / (PEAK_FLOPS * threads), traffic / BANDWIDTH)
+    return LAUNCH_S + max(flops / (PEAK_FLOPS * config.num_threads), traffic / BANDWIDTH)
 
 
 def _elements(shape: Sequence) -> float:

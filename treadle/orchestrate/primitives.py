@@ -31,7 +31,7 @@ from treadle.graph.operator import Operator, register
 from treadle.graph.partition import (CHECKING, MATERIALISED, is_injective, is_view,
                                      padding_of, reads_one_to_one)
 from treadle.graph.tensor import Tensor
-from treadle.ir.compute import reachable, retarget
+from treadle.ir.compute import Compute, reachable, retarget
 from treadle.ir.expr import Buffer, Const
 from treadle.orchestrate.states import bits
 from treadle.schedule.operator import select_template
@@ -39,7 +39,8 @@ from treadle.target.cpu import CpuTarget
 
 # Data movement without arithmetic, for the dumps (a view is layout too).
 LAYOUT = frozenset({"Transpose", "Concat", "Split", "Slice", "Pad", "Expand", "Tile",
-                    "Gather", "DepthToSpace", "SpaceToDepth", "Resize"})
+                    "Gather", "DepthToSpace", "SpaceToDepth"})
+
 
 @register("Composite", internal=True)
 def _composite(ctx):
@@ -166,7 +167,7 @@ def _reaching(pg: PrimitiveGraph, members: int, target: int) -> int:
 def kernel_plan_of_composite(ops: Sequence[Operator], writes: Sequence[Tensor]) -> KernelPlan:
     """One operator computing ``writes`` from the definitions of ``ops`` (in topological
     order) joined: each load of a tensor a member computes reads that member's compute."""
-    inside = {id(t): (op, k) for op in ops for k, t in enumerate(op.outputs)}
+    inside = {id(t) for op in ops for t in op.outputs}
     external: dict[int, Tensor] = {}
     for op in ops:
         for t in op.inputs:
@@ -179,7 +180,7 @@ def kernel_plan_of_composite(ops: Sequence[Operator], writes: Sequence[Tensor]) 
     external = {key: t for key, t in external.items() if key not in scalars}
     buffers = {key: Buffer(f"in{k}", t.dtype, t.shape) for k, (key, t) in
                enumerate(external.items())}
-    computes: dict[int, object] = {}  # a member's result -> its joined compute
+    computes: dict[int, Compute] = {}  # a member's result -> its joined compute
     for op in ops:
         targets = {b: computes[id(t)].buffer if id(t) in computes
                    else scalars[id(t)] if id(t) in scalars else buffers[id(t)]

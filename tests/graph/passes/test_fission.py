@@ -252,3 +252,12 @@ def test_a_division_that_is_not_by_rows_stays_before_the_product():
                        [tensor("y", None)])
     graph = fission(from_onnx(model))
     assert op_types(graph) == ["Div", "MatMul"]
+
+
+def test_an_integer_division_stays_before_the_product():
+    nodes = [helper.make_node("Div", ["x", "d"], ["p"], name="divide"),
+             helper.make_node("MatMul", ["p", "v"], ["y"], name="product")]
+    int32 = TensorProto.INT32
+    model = make_model(nodes, [tensor("x", (7, 61), int32), tensor("d", (7, 1), int32),
+                               tensor("v", (61, 5), int32)], [tensor("y", None, int32)])
+    assert op_types(fission(from_onnx(model))) == ["Div", "MatMul"]

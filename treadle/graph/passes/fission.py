@@ -260,7 +260,9 @@ def _matmul(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
     computed where the product loads them and the division applied where it stores."""
     scaled, v = inputs
     divide = scaled.producer
-    if divide is None or divide.op_type != "Div" or v.rank < 2 or scaled.rank < 2:
+    # Only real division commutes with the product: integer division truncates.
+    if divide is None or divide.op_type != "Div" or not scaled.dtype.is_float \
+            or v.rank < 2 or scaled.rank < 2:
         return None
     e, s = divide.inputs
     if e.shape != scaled.shape or s.rank > e.rank or s.rank == 0 or s.shape[-1] != 1:

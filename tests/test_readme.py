@@ -24,4 +24,7 @@ def test_snippet_runs(code, tmp_path, monkeypatch):
                        [tensor("x", ["batch", 3, 224, 224])], [tensor("y", ["batch", 3, 224, 224])])
     onnx.save(model, tmp_path / "model.onnx")
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, str(README), "exec"), {})
+    # A file of its own, since treadle.lang reads the source of the kernels it defines.
+    snippet = tmp_path / "readme_snippet.py"
+    snippet.write_text(code)
+    exec(compile(code, str(snippet), "exec"), {})

@@ -6,10 +6,14 @@
     model.save("model.treadle")
     model = treadle.load("model.treadle")
     print(treadle.check("model.onnx"))  # outputs against ONNX Runtime's, and where they part
+
+    @treadle.lang.kernel                # a kernel written as a Python function (treadle.lang)
+    def double(x: treadle.lang.f32["n"], y: treadle.lang.f32["n"]): ...
 """
+from treadle import lang
 from treadle.api import CompiledModel, compile, load
 from treadle.checker import check
 
 __version__ = "0.1.0"
 
-__all__ = ["CompiledModel", "check", "compile", "load", "__version__"]
+__all__ = ["CompiledModel", "check", "compile", "lang", "load", "__version__"]

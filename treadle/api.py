@@ -23,6 +23,7 @@ import os
 import pickle
 import re
 import shutil
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -46,6 +47,7 @@ from treadle.tune.exhaustive import LEVELS
 
 if TYPE_CHECKING:
     import onnx
+    import torch
 
 FORMAT = "treadle-saved-model"
 VERSION = 1
@@ -87,13 +89,14 @@ class CompiledModel:
                f"outputs={self.output_names})"
 
 
-def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph, *,
-            name: str | None = None, tune: int | str = 0,
+def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.nn.Module,
+            example_inputs=None, *, name: str | None = None, tune: int | str = 0,
             shapes: Mapping[str, Sequence] | None = None,
             dynamic: Mapping[str, object] | None = None,
             orchestrate: bool = False) -> CompiledModel | SpecialisingModel:
-    """Compiles an ONNX model (a file path, its serialized bytes or an ``onnx.ModelProto``)
-    or a treadle graph.
+    """Compiles an ONNX model (a file path, its serialized bytes or an ``onnx.ModelProto``),
+    a treadle graph, or a ``torch.nn.Module`` in eval mode called on ``example_inputs`` (a
+    tensor or a tuple of them; traced by ``torch.export``, weights become constants).
 
     ``tune`` picks how template schedules (matrix multiplications, convolutions) are
     chosen: 0 an analytic default for this CPU, 1 the fastest of a small measured space,
@@ -108,7 +111,9 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph, *,
     multiplications and convolutions whose sizes depend on it are then tuned over the
     whole range at once (``treadle.tune.dynamic``; at least at level 1, measuring about as
     long as one size takes), into a few variants and a dispatcher choosing among them at
-    each call. Every size still runs, in the range or out of it.
+    each call. Every size still runs, in the range or out of it. For a torch module,
+    ``dynamic`` instead names its symbolic dimensions by argument and axis,
+    ``{"input_ids": {1: "seq"}}`` (a ``torch.export.Dim`` may stand for a name).
 
     ``orchestrate=True`` chooses the kernels as Korch does (``treadle.orchestrate``):
     operators split into primitives, candidate kernels over them measured, and the
@@ -121,6 +126,12 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph, *,
     with each distinct content (``treadle.specialise``)."""
     if tune not in LEVELS:
         raise ValueError(f"tune={tune!r}: expected one of {', '.join(map(repr, LEVELS))}")
+    if _is_module(model):
+        from treadle.frontend.torch import from_module
+        model, dynamic = from_module(model, example_inputs, dynamic=dynamic, name=name), None
+    elif example_inputs is not None:
+        raise TypeError("example_inputs are for torch modules; an ONNX model or a graph "
+                        "declares its inputs")
     ranges = size_ranges(dynamic) if dynamic else {}
     if ranges and isinstance(tune, str):
         raise ValueError(f"tune={tune!r} does not combine with dynamic=: dynamic shapes are "
@@ -138,6 +149,11 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph, *,
                                  lambda bound: _compile(bound, name, tune, shapes, ranges,
                                                        strategy),
                                  name or proto.graph.name or "model")
+
+
+def _is_module(model) -> bool:
+    torch = sys.modules.get("torch")  # a module can only exist once torch is imported
+    return torch is not None and isinstance(model, torch.nn.Module)
 
 
 def _compile(model, name: str | None, tune: int | str, shapes, ranges, strategy: str

@@ -51,3 +51,8 @@ class ModelError(TreadleError, ValueError):
 
 class ScheduleConfigError(TreadleError, ValueError):
     """A schedule configuration is invalid for this workload or target; searches skip it."""
+
+
+class LangError(TreadleError):
+    """A ``treadle.lang`` kernel uses Python that cannot become a tensor program; the
+    message starts with the ``file:line:`` of the offending source."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -34,20 +34,25 @@ class OpDef:
     define: Define
     # Output i is input 0's memory reinterpreted (reshape-like ops): executed as an alias.
     view: bool = False
-    # Made by graph passes (channels-last layers, Winograd convolution), not an ONNX
-    # operator: a model that names one is rejected.
+    # Made by graph passes (channels-last layers, Winograd convolution) or written by hand
+    # (``treadle.lang``), not an ONNX operator: a model that names one is rejected.
     internal: bool = False
+    # The operator's own scheduled program, (operator, kernel name) -> ``schedule.rules.Kernel``
+    # (a ``treadle.lang`` kernel registered as an op). Its definition then gives only the
+    # outputs' shapes and dtypes, so it is never inlined into another kernel.
+    kernel: Optional[Callable[["Operator", str], Any]] = None
 
 
 REGISTRY: dict[str, OpDef] = {}
 
 
-def register(name: str, view: bool = False, internal: bool = False
+def register(name: str, view: bool = False, internal: bool = False,
+             kernel: Optional[Callable[["Operator", str], Any]] = None
              ) -> Callable[[Define], Define]:
     def wrap(define: Define) -> Define:
         if name in REGISTRY:
             raise ValueError(f"operator {name} is registered twice")
-        REGISTRY[name] = OpDef(name, define, view, internal)
+        REGISTRY[name] = OpDef(name, define, view, internal, kernel)
         return define
     return wrap
 

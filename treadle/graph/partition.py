@@ -76,8 +76,10 @@ def is_view(op: Operator) -> bool:
 
 
 def is_injective(op: Operator) -> bool:
-    """One output, computed element by element without reductions."""
-    if is_view(op) or len(op.definition) != 1 or op.op_type in CHECKING:
+    """One output, computed element by element without reductions. An operator bringing
+    its own kernel (``OpDef.kernel``) is not: its definition does not say how."""
+    if is_view(op) or len(op.definition) != 1 or op.op_type in CHECKING \
+            or op.opdef.kernel is not None:
         return False
     return not any(c.is_reduction for c in reachable(op.definition).values())
 

@@ -1,8 +1,9 @@
 """Which template schedules an operator, per target: the first in the target's table whose
 ``match`` takes it. Templates recognise computes, not operator names, except for
 operators that only exist as the input of one algorithm (Winograd convolution) or whose
-kernel does what a compute definition cannot (fail per element); the rule-based schedule
-takes every operator and comes last.
+kernel does what a compute definition cannot (fail per element). An operator that brings
+its own program (``OpDef.kernel``) gets it first; the rule-based schedule takes every
+operator and comes last.
 
 Choosing a config is tuning's business (``treadle.tune``); ``schedule_operator`` takes the
 level-0 point, for callers that tune nothing.
@@ -27,6 +28,19 @@ class OwnTemplate(FixedTemplate):
 
     def match(self, op: Operator) -> Operator | None:
         return op if op.op_type == self.op_type else None
+
+
+class HandWrittenTemplate(FixedTemplate):
+    """The program an operator brings itself (``OpDef.kernel``: a ``treadle.lang`` kernel
+    registered as an op); prologues and epilogues are fused into it as into any other."""
+    name = "hand_written"
+
+    def match(self, op: Operator) -> Operator | None:
+        return op if op.opdef.kernel is not None else None
+
+    def emit(self, resolved, name: str) -> Kernel:
+        op = resolved.pattern
+        return op.opdef.kernel(op, name)
 
 
 class WinogradTemplate(OwnTemplate):
@@ -67,7 +81,8 @@ class RulesTemplate(FixedTemplate):
 
 
 TEMPLATES: dict[str, tuple[Template, ...]] = {
-    "cpu": (WinogradTemplate(), IndexCheckTemplate(), GEMM, WindowTemplate(), RulesTemplate()),
+    "cpu": (HandWrittenTemplate(), WinogradTemplate(), IndexCheckTemplate(), GEMM,
+            WindowTemplate(), RulesTemplate()),
 }
 
 

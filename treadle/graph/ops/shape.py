@@ -1,5 +1,5 @@
 """Operators that make shapes and constants: Shape, Size, Constant, ConstantOfShape,
-Range, EyeLike (and NonZero, refused).
+Range, EyeLike (and NonZero, refused), and the internal Dims.
 
 Shape's output holds the input's dimensions, which may be symbolic. Its compute
 definition picks, for each output index, one of those size expressions from a tree of
@@ -55,6 +55,15 @@ def shape_op(ctx: OpContext):
                   for v in (ctx.attr("start", 0), ctx.attr("end", rank)))
     picked = dims[start:end]
     return [compute("shape", [len(picked)], lambda i: pick(picked, i, dtypes.int64))]
+
+
+@register("Dims", internal=True)
+def dims_op(ctx: OpContext):
+    """The sizes in attribute ``dims`` (ints or symbolic expressions) as an int64 vector:
+    frontends whose graphs give sizes as values rather than as Shape chains (PyTorch's
+    ``SymInt``) hand them to Reshape, Expand and ConstantOfShape this way."""
+    dims = list(ctx.required_attr("dims"))
+    return [compute("dims", [len(dims)], lambda i: pick(dims, i, dtypes.int64))]
 
 
 @register("Size")

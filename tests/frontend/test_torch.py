@@ -1,0 +1,205 @@
+"""The PyTorch frontend: ``torch.compile(backend="treadle")`` and ``treadle.compile`` on
+modules, against eager PyTorch."""
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import treadle  # noqa: E402
+from treadle.errors import ModelError, UnsupportedOpError  # noqa: E402
+from treadle.frontend import dynamo  # noqa: E402
+from treadle.models import MODELS, build, export_onnx  # noqa: E402
+
+TOLERANCE = 1e-4  # relative to the output's largest magnitude
+
+
+def _close(actual, expected, tolerance=TOLERANCE):
+    actual = actual if isinstance(actual, (tuple, list)) else (actual,)
+    expected = expected if isinstance(expected, (tuple, list)) else (expected,)
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        a = a.numpy() if isinstance(a, torch.Tensor) else a
+        e = e.numpy()
+        assert a.shape == e.shape and a.dtype == e.dtype
+        scale = max(float(np.abs(e).max(initial=0)), 1e-6)
+        assert float(np.abs(a - e).max(initial=0)) <= tolerance * scale
+
+
+def _zoo_inputs(name, tmp_path):
+    spec = export_onnx(name, tmp_path / f"{name}.onnx", reduced=True)
+    return tuple(torch.from_numpy(a) for a in spec.random_inputs().values())
+
+
+@pytest.fixture
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_zoo_through_the_backend_matches_eager(name, tmp_path, fresh_dynamo):
+    model = build(name, reduced=True)
+    inputs = _zoo_inputs(name, tmp_path)
+    compiled = torch.compile(model, backend="treadle")
+    with torch.no_grad():
+        _close(compiled(*inputs), model(*inputs))
+
+
+@pytest.mark.parametrize("name", ["resnet50", "gpt2", "candy"])
+def test_zoo_through_compile_matches_eager_and_saves(name, tmp_path):
+    model = build(name, reduced=True)
+    inputs = _zoo_inputs(name, tmp_path)
+    compiled = treadle.compile(model, inputs)
+    with torch.no_grad():
+        expected = model(*inputs)
+    _close(compiled(*inputs), expected)
+    compiled.save(tmp_path / "saved")
+    _close(treadle.load(tmp_path / "saved")(*inputs), expected)
+
+
+class Block(torch.nn.Module):
+    """Convolution, normalisations, pooling, attention-like products and indexing."""
+
+    def __init__(self, channels=5, classes=7):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, channels, 3, padding=1, groups=1)
+        self.norm = torch.nn.GroupNorm(1, channels)
+        self.linear = torch.nn.Linear(channels, classes)
+
+    def forward(self, x):
+        y = torch.nn.functional.silu(self.norm(self.conv(x)))
+        y = torch.nn.functional.max_pool2d(y, 2, ceil_mode=True)
+        tokens = y.flatten(2).transpose(1, 2)  # [n, hw, c]
+        weights = torch.softmax(tokens @ tokens.transpose(1, 2) / 3.0, dim=-1)
+        mixed = (weights @ tokens).mean(dim=1)
+        return self.linear(mixed).clamp(min=-0.5), tokens[:, 1:, :].sum(-1)
+
+
+@pytest.mark.parametrize("size", [3, 7, 13])
+def test_odd_sizes_through_the_backend(size, fresh_dynamo):
+    model = Block().eval()
+    x = torch.randn(2, 3, size, size + 2)
+    with torch.no_grad():
+        _close(torch.compile(model, backend="treadle")(x), model(x))
+
+
+def test_module_with_symbolic_batch_runs_any_batch(tmp_path):
+    model = Block().eval()
+    compiled = treadle.compile(model, torch.randn(2, 3, 11, 9), dynamic={"x": {0: "batch"}})
+    assert compiled.executable.input_names == ["x"]
+    for batch in (1, 3, 5):
+        x = torch.randn(batch, 3, 11, 9)
+        with torch.no_grad():
+            _close(compiled(x), model(x))
+
+
+class WithCumprod(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        return torch.relu(torch.cumprod(self.linear(x), dim=1)) * 2.0 + 1.0
+
+
+def test_unsupported_op_splits_the_graph_with_one_warning(fresh_dynamo):
+    model = WithCumprod().eval()
+    x = torch.randn(3, 6)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        result = torch.compile(model, backend="treadle")(x)
+        expected = model(x)
+    _close(result, expected)
+    messages = [str(w.message) for w in caught if "treadle runs" in str(w.message)]
+    assert len(messages) == 1 and "aten.cumprod" in messages[0]
+
+
+def test_unsupported_op_through_compile_names_the_node():
+    with pytest.raises(UnsupportedOpError, match="cumprod"):
+        treadle.compile(WithCumprod().eval(), torch.randn(3, 6))
+
+
+def test_training_mode_module_is_refused():
+    with pytest.raises(ModelError, match="eval"):
+        treadle.compile(WithCumprod(), torch.randn(3, 6))
+
+
+def test_new_sizes_recompile_at_most_once(monkeypatch, fresh_dynamo):
+    compiles = []
+    original = dynamo.split_and_compile
+    monkeypatch.setattr(dynamo, "split_and_compile",
+                        lambda *a, **k: compiles.append(1) or original(*a, **k))
+    model = Block().eval()
+    compiled = torch.compile(model, backend="treadle")
+    with torch.no_grad():
+        for batch in (2, 3, 5, 7, 11):
+            x = torch.randn(batch, 3, 9, 9)
+            _close(compiled(x), model(x))
+    assert len(compiles) <= 2  # the first size, then one symbolic graph for all others
+
+
+def test_graph_needing_gradients_runs_in_eager(fresh_dynamo):
+    model = WithCumprod().eval()
+    x = torch.randn(3, 6)
+    with pytest.warns(UserWarning, match="inference only"):
+        result = torch.compile(model, backend="treadle")(x)
+    assert result.requires_grad
+    result.sum().backward()
+    assert model.linear.weight.grad is not None
+
+
+def test_backend_options(fresh_dynamo):
+    model = Block().eval()
+    x = torch.randn(1, 3, 8, 8)
+    compiled = torch.compile(model, backend="treadle", options={"tune": 0,
+                                                                 "orchestrate": False})
+    with torch.no_grad():
+        _close(compiled(x), model(x))
+    torch._dynamo.reset()
+    bad = torch.compile(model, backend="treadle", options={"speed": "max"})
+    with pytest.raises(Exception, match="unknown treadle backend options"), torch.no_grad():
+        bad(x)
+
+
+def test_integer_and_boolean_tensors(fresh_dynamo):
+    def f(ids, mask, table):
+        picked = table[ids]  # embedding-style gather with an int64 index
+        return torch.where(mask.unsqueeze(-1), picked, -picked).sum(1), ids // 3, ids % 5
+
+    ids = torch.tensor([[3, 0, 12], [7, 7, 1]])
+    mask = torch.tensor([[True, False, True], [False, False, True]])
+    table = torch.randn(13, 4)
+    with torch.no_grad():
+        expected = f(ids, mask, table)
+        result = torch.compile(f, backend="treadle")(ids, mask, table)
+    for r, e in zip(result, expected):
+        assert r.dtype == e.dtype
+        np.testing.assert_allclose(r.numpy(), e.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_weights_are_constants_not_inputs(monkeypatch, fresh_dynamo):
+    pieces = []
+    original = dynamo._compile_piece
+    monkeypatch.setattr(dynamo, "_compile_piece",
+                        lambda *a, **k: pieces.append(original(*a, **k)) or pieces[-1])
+    model = Block().eval()
+    x = torch.randn(1, 3, 7, 7)
+    with torch.no_grad():
+        torch.compile(model, backend="treadle")(x)
+    (piece,) = pieces
+    assert isinstance(piece, dynamo._Piece)
+    assert len(piece.tensor_positions) == 1  # x alone: the weights are baked in
+
+
+def test_bfloat16_through_the_backend(fresh_dynamo):
+    def f(x, y):
+        return torch.relu(x * y + 1.0)
+
+    x, y = (torch.randn(5, 7).to(torch.bfloat16) for _ in range(2))
+    with torch.no_grad():
+        result = torch.compile(f, backend="treadle")(x, y)
+    assert result.dtype == torch.bfloat16
+    torch.testing.assert_close(result, f(x, y), atol=1e-2, rtol=1e-2)

@@ -1,0 +1,211 @@
+"""Errors point at the user's source: unsupported Python is a LangError naming this file and
+the line at fault (marked below with a comment ``# <- name``), and bad calls name the
+parameter."""
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from treadle import lang
+from treadle.errors import ArgumentError, DTypeError, LangError, ShapeError
+from treadle.lang import f32
+
+N = lang.symbols("N")
+SOURCE = Path(__file__).read_text().splitlines()
+
+
+def line_of(mark: str) -> int:
+    """The line of this file that ends with the comment ``# <- mark``."""
+    (line,) = [n for n, text in enumerate(SOURCE, 1) if text.endswith(f"# <- {mark}")]
+    return line
+
+
+def check(info, mark: str, message: str) -> None:
+    text = str(info.value)
+    assert text.startswith(f"{__file__}:{line_of(mark)}: "), text
+    assert re.search(message, text), text
+
+
+def test_while_loop():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def spin(x: f32[N]):
+            while True:  # <- while
+                x[0] = 1.0
+    check(info, "while", "unsupported syntax.*while loop")
+
+
+def test_try_statement():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def guarded(x: f32[N]):
+            for i in range(N):
+                try:  # <- try
+                    x[i] = 1.0
+                except ValueError:
+                    pass
+    check(info, "try", "unsupported syntax.*try statement")
+
+
+def test_lambda():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def anonymous(x: f32[N]):
+            for i in range(N):
+                x[i] = (lambda v: v * 2)(x[i])  # <- lambda
+    check(info, "lambda", "unsupported syntax.*lambda")
+
+
+def test_list_comprehension():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def listed(x: f32[N]):
+            values = [x[i] for i in range(3)]  # <- comprehension
+            x[0] = values[0]
+    check(info, "comprehension", "list comprehension.*static_range")
+
+
+def test_return_from_a_kernel():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def returns(x: f32[N]):
+            return x[0]  # <- return
+    check(info, "return", "unsupported syntax.*return")
+
+
+def test_unknown_name():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def early(x: f32[N]):
+            for i in range(N):
+                x[i] = later  # <- unknown
+    later = 1.0  # a closure variable assigned after the kernel is parsed
+    check(info, "unknown", "unknown name 'later'")
+
+
+def test_wrong_index_count_in_a_load():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def too_many(x: f32[N], y: f32[N]):
+            for i in range(N):
+                y[i] = x[i, 0]  # <- load
+    check(info, "load", r"x has rank 1 \(shape \[N\]\) but is indexed with 2")
+
+
+def test_wrong_index_count_in_a_store():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def too_few(x: f32[N, N]):
+            for i in range(N):
+                x[i] = 0.0  # <- store
+    check(info, "store", "x has rank 2 .* indexed with 1")
+
+
+def test_slice():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def sliced(x: f32[N], y: f32[N]):
+            y[0] = x[1:3]  # <- slice
+    check(info, "slice", "slice")
+
+
+def test_variable_used_after_its_block():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def scoped(x: f32[N]):
+            if N > 1:
+                first = x[0]
+            x[1] = first  # <- scope
+    check(info, "scope", "'first' is not defined here.*block-scoped")
+
+
+def test_loop_variable_is_read_only():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def rebinds(x: f32[N]):
+            for i in range(N):
+                i = i + 1  # <- loop variable
+                x[i] = 0.0
+    check(info, "loop variable", "cannot assign to 'i'")
+
+
+def test_storing_a_wider_dtype():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def narrows(x: f32[N]):
+            for i in range(N):
+                x[i] = lang.f64(x[i]) * 2.0  # <- dtype
+    check(info, "dtype", "float64 value into float32")
+
+
+def test_run_time_if_on_a_number():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def truthy(x: f32[N]):
+            for i in range(N):
+                if i:  # <- if
+                    x[i] = 0.0
+    check(info, "if", "if condition must be a bool")
+
+
+def test_missing_annotation():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def bare(x):  # <- annotation
+            pass
+    check(info, "annotation", "parameter 'x' needs a type")
+
+
+def test_symbol_outside_every_shape():
+    other = lang.symbols("other")
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def stray(x: f32[N]):
+            for i in range(other):  # <- symbol
+                x[i] = 0.0
+    check(info, "symbol", "symbol other, which is not a parameter")
+
+
+def test_error_inside_an_inline_helper_points_at_the_helper():
+    @lang.inline
+    def helper(x):
+        while True:  # <- helper
+            pass
+
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def calls(x: f32[N]):
+            helper(x)
+    check(info, "helper", "while loop")
+
+
+@lang.kernel
+def scale(x: f32[N], y: f32[N], alpha: f32):
+    for i in range(N):
+        y[i] = x[i] * alpha
+
+
+def test_call_with_a_wrong_dtype_names_the_parameter():
+    with pytest.raises(DTypeError, match="'y'.*float32.*float64"):
+        scale(np.ones(3, np.float32), np.ones(3, np.float64), 2.0)
+
+
+def test_call_with_a_wrong_shape_names_the_parameter_and_symbol():
+    with pytest.raises(ShapeError, match=r"'y'.*\[N\].*N = 3 from argument 'x'"):
+        scale(np.ones(3, np.float32), np.ones(4, np.float32), 2.0)
+
+
+def test_call_with_a_wrong_rank_names_the_parameter():
+    with pytest.raises(ShapeError, match="'x'.*rank 1"):
+        scale(np.ones((3, 1), np.float32), np.ones(3, np.float32), 2.0)
+
+
+def test_call_with_a_wrong_argument_count_lists_the_parameters():
+    with pytest.raises(ArgumentError, match=r"takes 3 arguments \(x, y, alpha\), got 2"):
+        scale(np.ones(3, np.float32), np.ones(3, np.float32))
+
+
+def test_call_with_a_list_names_the_parameter():
+    with pytest.raises(ArgumentError, match="'x'.*numpy array or a torch tensor"):
+        scale([1.0, 2.0], np.ones(2, np.float32), 2.0)

@@ -1,0 +1,1014 @@
+"""ATen operators as treadle operators: one converter per op, keyed by overload.
+
+Each converter spells an ATen op with the registered (ONNX-semantics) operators, so no op's
+meaning is defined twice: arguments are translated (PyTorch's padding order, its scalar
+type promotion, its keyword defaults) and the operator definitions do the rest. Sizes come
+from the node's fake tensor where ATen gives them as values (``view``, ``expand``).
+``SUPPORTED`` lists every overload with a converter; the torch.compile backend runs other
+nodes in eager.
+"""
+from __future__ import annotations
+
+import math
+import operator
+import re
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from treadle.errors import TreadleError, UnsupportedOpError
+from treadle.frontend.torch import CHECKS, Importer, numpy_of, torch_dtype
+from treadle.graph.operator import apply
+from treadle.graph.tensor import Dim, Tensor, constant
+from treadle.ir import dtypes
+from treadle.ir.dtypes import DataType
+
+Converter = Callable[..., object]
+TABLE: dict[object, Converter] = {}
+INT64_MAX = 2 ** 63 - 1
+
+
+def aten(*overloads: str) -> Callable[[Converter], Converter]:
+    """Registers a converter for ``aten.<op>.<overload>`` names that this torch has."""
+    def wrap(convert: Converter) -> Converter:
+        for name in overloads:
+            op_name, _, overload = name.partition(".")
+            packet = getattr(torch.ops.aten, op_name, None)
+            target = getattr(packet, overload or "default", None) if packet else None
+            if target is not None:
+                TABLE[target] = convert
+        return convert
+    return wrap
+
+
+class Call:
+    """One FX node being converted: builds its operators, named after the node."""
+
+    def __init__(self, importer: Importer, node: torch.fx.Node):
+        self.importer = importer
+        self.node = node
+        self.count = 0
+        value = node.meta.get("val")
+        first = value[0] if isinstance(value, (list, tuple)) and value else value
+        self.value = first if isinstance(first, torch.Tensor) else None
+
+    @property
+    def dtype(self) -> DataType:
+        return torch_dtype(self.value.dtype)
+
+    @property
+    def shape(self) -> tuple[Dim, ...]:
+        return self.importer.shape(self.value)
+
+    def op(self, op_type: str, *inputs: Optional[Tensor], outputs: int = 1, **attrs):
+        name = self.node.name if self.count == 0 else f"{self.node.name}/{self.count}"
+        self.count += 1
+        names = [name] if outputs == 1 else [f"{name}:{k}" for k in range(outputs)]
+        results = apply(op_type, list(inputs), attrs, name=name, output_names=names)
+        return results[0] if outputs == 1 else results[:outputs]
+
+    def const(self, value, dtype: DataType) -> Tensor:
+        return constant(held(value, dtype), f"{self.node.name}/const", dtype)
+
+    def ints(self, values: Sequence[int]) -> Tensor:
+        return self.const(np.asarray(list(values), np.int64), dtypes.int64)
+
+    def reshape(self, x: Tensor, shape: Sequence[Dim]) -> Tensor:
+        """``x`` in PyTorch sizes, where 0 is a size (ONNX's Reshape reads it as 'keep')."""
+        return self.op("Reshape", x, self.dims(shape), allowzero=1)
+
+    def dims(self, dims: Sequence[Dim]) -> Tensor:
+        """Sizes as an int64 vector, symbolic ones through the Dims operator."""
+        if all(isinstance(d, int) for d in dims):
+            return self.ints(dims)
+        return self.op("Dims", dims=list(dims))
+
+    def tensor(self, value, dtype: DataType) -> Tensor:
+        """A tensor argument cast to ``dtype``, or a Python number as a constant of it."""
+        if isinstance(value, Tensor):
+            return value if value.dtype == dtype else self.op("Cast", value, to=_onnx(dtype))
+        if isinstance(value, (bool, int, float)):
+            return self.const(value, dtype)
+        raise UnsupportedOpError(f"{self.where}: expected a tensor or a number, got "
+                                 f"{type(value).__name__}")
+
+    @property
+    def where(self) -> str:
+        return f"node {self.node.name!r} ({self.node.target})"
+
+    def arg_value(self, k: int):
+        """The fake value (tensor or number) of the node's ``k``-th positional argument."""
+        arg = self.node.args[k]
+        return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+
+
+def held(value, dtype: DataType) -> np.ndarray:
+    """``value`` as treadle holds a ``dtype`` tensor: converted by torch's rounding, so
+    bfloat16 becomes its raw bits."""
+    return numpy_of(torch.as_tensor(np.asarray(value), dtype=getattr(torch, dtype.name)))
+
+
+def _onnx(dtype: DataType) -> int:
+    from treadle.graph.ops.common import ONNX_DTYPES
+    return next(code for code, d in ONNX_DTYPES.items() if d == dtype)
+
+
+def convert_node(importer: Importer, node: torch.fx.Node):
+    """The imported value of a call_function node."""
+    if node.target is operator.getitem:
+        return importer.arg(node.args[0])[node.args[1]]
+    value = node.meta.get("val")
+    if isinstance(value, (torch.SymInt, int)) and not isinstance(value, bool) \
+            and not isinstance(node.target, torch._ops.OpOverload) or \
+            node.target is torch.ops.aten.sym_size.int:
+        return importer.dim(value)  # size arithmetic, already evaluated by the tracer
+    if isinstance(value, (torch.SymBool, torch.SymFloat, bool)) and \
+            not isinstance(node.target, torch._ops.OpOverload):
+        return None  # a guard's condition, read only by checks
+    if getattr(node.target, "_opname", None) in CHECKS:
+        return None
+    convert = TABLE.get(node.target) or _custom_converter(node.target)
+    if convert is None:
+        raise UnsupportedOpError(f"node {node.name!r}: ATen operator {node.target} is not "
+                                 "supported")
+    call = Call(importer, node)
+    args, kwargs = importer.arg(node.args), importer.arg(node.kwargs)
+    try:
+        return convert(call, *args, **kwargs)
+    except TreadleError:
+        raise
+    except (TypeError, ValueError, IndexError, KeyError, AttributeError) as err:
+        raise UnsupportedOpError(f"{call.where}: cannot be converted: {err}") from err
+
+
+def is_supported(node: torch.fx.Node) -> bool:
+    """Whether a call_function node has a converter (its arguments may still be refused)."""
+    if node.target is operator.getitem or getattr(node.target, "_opname", None) in CHECKS:
+        return True
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return True  # size arithmetic
+    return node.target in TABLE or _custom_converter(node.target) is not None
+
+
+def _custom_converter(target) -> Optional[Converter]:
+    """Kernels written in treadle.lang and registered as torch custom ops
+    (``torch.ops.treadle_lang.<name>``) become their graph operators again."""
+    if getattr(target, "namespace", None) != "treadle_lang":
+        return None
+    from treadle.lang import OPS
+    spec = OPS.get(target._opname)
+    if spec is None:
+        return None
+
+    def convert(call: Call, *args):
+        outputs = spec.apply(list(args), name=call.node.name)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+    return convert
+
+
+# ---- element-wise ----------------------------------------------------------------------
+
+def _promoted(call: Call, *values) -> list[Tensor]:
+    """Operands cast to the node's result dtype (PyTorch's promotion already decided it)."""
+    return [call.tensor(v, call.dtype) for v in values]
+
+
+def _compared(call: Call, a, b) -> list[Tensor]:
+    """Comparison operands cast to their common dtype (the result is bool)."""
+    common = torch_dtype(torch.result_type(call.arg_value(0), call.arg_value(1)))
+    return [call.tensor(a, common), call.tensor(b, common)]
+
+
+def _binary(op_type: str):
+    def convert(call: Call, a, b, alpha=1):
+        a, b = _promoted(call, a, b)
+        if alpha != 1:
+            b = call.op("Mul", b, call.const(alpha, call.dtype))
+        return call.op(op_type, a, b)
+    return convert
+
+
+aten("add.Tensor", "add.Scalar")(_binary("Add"))
+aten("sub.Tensor", "sub.Scalar")(_binary("Sub"))
+aten("mul.Tensor", "mul.Scalar")(_binary("Mul"))
+aten("maximum.default")(_binary("Max"))
+aten("minimum.default")(_binary("Min"))
+aten("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar")(_binary("Pow"))
+aten("fmod.Tensor", "fmod.Scalar")(
+    lambda call, a, b: call.op("Mod", *_promoted(call, a, b), fmod=1))
+aten("remainder.Tensor", "remainder.Scalar")(
+    lambda call, a, b: call.op("Mod", *_promoted(call, a, b)))  # the divisor's sign
+
+
+@aten("rsub.Scalar", "rsub.Tensor")
+def _rsub(call: Call, a, b, alpha=1):
+    return _binary("Sub")(call, b, a) if alpha == 1 else \
+        call.op("Sub", *_promoted(call, b, call.op("Mul", *_promoted(call, a, alpha))))
+
+
+@aten("div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_mode", "true_divide.Tensor",
+      "floor_divide.default", "floor_divide.Scalar")
+def _div(call: Call, a, b, rounding_mode=None):
+    if call.node.target in (torch.ops.aten.floor_divide.default,
+                            getattr(torch.ops.aten.floor_divide, "Scalar", None)):
+        rounding_mode = "floor"
+    a, b = _promoted(call, a, b)
+    if rounding_mode is None or rounding_mode == "trunc" and not call.dtype.is_float:
+        return call.op("Div", a, b)
+    if not call.dtype.is_float:  # floor: divide the multiple of b below a, exactly
+        return call.op("Div", call.op("Sub", a, call.op("Mod", a, b)), b)
+    q = call.op("Div", a, b)
+    if rounding_mode == "floor":
+        return call.op("Floor", q)
+    zero = call.const(0, call.dtype)
+    return call.op("Where", call.op("Less", q, zero), call.op("Ceil", q), call.op("Floor", q))
+
+
+UNARY = {"abs": "Abs", "neg": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqrt",
+         "sin": "Sin", "cos": "Cos", "tan": "Tan", "tanh": "Tanh", "sigmoid": "Sigmoid",
+         "relu": "Relu", "erf": "Erf", "floor": "Floor", "ceil": "Ceil", "round": "Round",
+         "reciprocal": "Reciprocal", "sign": "Sign", "asin": "Asin", "acos": "Acos",
+         "atan": "Atan", "sinh": "Sinh", "cosh": "Cosh", "asinh": "Asinh", "acosh": "Acosh",
+         "atanh": "Atanh", "hardswish": "HardSwish", "mish": "Mish", "isnan": "IsNaN",
+         "logical_not": "Not"}
+
+
+def _unary(op_type: str):
+    def convert(call: Call, x):
+        if op_type != "IsNaN":  # in the result's dtype: exp(int) is a float,
+            x = call.tensor(x, call.dtype)  # logical_not(float) a bool
+        return call.op(op_type, x)
+    return convert
+
+
+for _name, _op_type in UNARY.items():
+    aten(f"{_name}.default", f"{_name}_.default")(_unary(_op_type))
+
+
+@aten("bitwise_not.default", "bitwise_not_.default")
+def _bitwise_not(call: Call, x):
+    return call.op("Not" if call.dtype == dtypes.boolean else "BitwiseNot", x)
+
+
+@aten("rsqrt.default")
+def _rsqrt(call: Call, x):
+    return call.op("Reciprocal", call.op("Sqrt", call.tensor(x, call.dtype)))
+
+
+@aten("silu.default", "silu_.default")
+def _silu(call: Call, x):
+    return call.op("Mul", x, call.op("Sigmoid", x))
+
+
+@aten("gelu.default", "gelu_.default")
+def _gelu(call: Call, x, approximate="none"):
+    return call.op("Gelu", x, approximate=approximate)
+
+
+@aten("leaky_relu.default", "leaky_relu_.default")
+def _leaky_relu(call: Call, x, negative_slope=0.01):
+    return call.op("LeakyRelu", x, alpha=float(negative_slope))
+
+
+@aten("elu.default", "elu_.default")
+def _elu(call: Call, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    """scale * (x if x > 0 else alpha * (exp(input_scale * x) - 1)): selu's scales."""
+    if input_scale == 1.0:
+        y = call.op("Elu", x, alpha=float(alpha))
+    else:
+        scaled = call.op("Elu", call.op("Mul", x, call.const(input_scale, x.dtype)),
+                         alpha=float(alpha))
+        y = call.op("Where", call.op("Greater", x, call.const(0, x.dtype)), x, scaled)
+    return y if scale == 1.0 else call.op("Mul", y, call.const(scale, x.dtype))
+
+
+@aten("hardsigmoid.default", "hardsigmoid_.default")
+def _hardsigmoid(call: Call, x):
+    return call.op("HardSigmoid", x, alpha=1 / 6, beta=0.5)
+
+
+@aten("softplus.default")
+def _softplus(call: Call, x, beta=1.0, threshold=20.0):
+    if beta != 1.0:
+        x = call.op("Mul", x, call.const(beta, call.dtype))
+    y = call.op("Softplus", x)
+    if beta != 1.0:
+        y = call.op("Div", y, call.const(beta, call.dtype))
+    # Above the threshold PyTorch returns the input itself.
+    return call.op("Where", call.op("Greater", x, call.const(threshold, call.dtype)),
+                   x if beta == 1.0 else call.op("Div", x, call.const(beta, call.dtype)), y)
+
+
+@aten("clamp.default", "clamp_.default", "clamp.Tensor", "hardtanh.default",
+      "hardtanh_.default", "clamp_min.default", "clamp_max.default", "relu6.default")
+def _clamp(call: Call, x, low=None, high=None):
+    target = call.node.target
+    if target is torch.ops.aten.clamp_max.default:
+        low, high = None, low
+    elif target in (torch.ops.aten.hardtanh.default, torch.ops.aten.hardtanh_.default):
+        low, high = (-1.0 if low is None else low), (1.0 if high is None else high)
+    elif target._opname == "relu6":
+        low, high = 0.0, 6.0
+    x = call.tensor(x, call.dtype)
+    low, high = [None if v is None else call.tensor(v, call.dtype) for v in (low, high)]
+    if all(b is None or b.rank == 0 for b in (low, high)):
+        return call.op("Clip", x, low, high)
+    # Bounds per element: raise to the lower first, so an upper one below it wins.
+    y = x if low is None else call.op("Max", x, low)
+    return y if high is None else call.op("Min", y, high)
+
+
+COMPARISONS = {"eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater",
+               "ge": "GreaterOrEqual"}
+for _name, _op_type in COMPARISONS.items():
+    aten(f"{_name}.Tensor", f"{_name}.Scalar")(
+        (lambda t: lambda call, a, b: call.op(t, *_compared(call, a, b)))(_op_type))
+
+
+@aten("ne.Tensor", "ne.Scalar")
+def _ne(call: Call, a, b):
+    return call.op("Not", call.op("Equal", *_compared(call, a, b)))
+
+
+LOGICAL = {"logical_and": "And", "logical_or": "Or", "logical_xor": "Xor"}
+BITWISE = {"bitwise_and": ("And", "BitwiseAnd"), "__and__": ("And", "BitwiseAnd"),
+           "bitwise_or": ("Or", "BitwiseOr"), "__or__": ("Or", "BitwiseOr"),
+           "bitwise_xor": ("Xor", "BitwiseXor"), "__xor__": ("Xor", "BitwiseXor")}
+for _name, _op_type in LOGICAL.items():
+    aten(f"{_name}.default")(
+        (lambda t: lambda call, a, b: call.op(t, *[call.tensor(v, dtypes.boolean)
+                                                   for v in (a, b)]))(_op_type))
+for _name, (_logical, _bits) in BITWISE.items():
+    aten(f"{_name}.Tensor", f"{_name}.Scalar")(
+        (lambda lo, bi: lambda call, a, b: call.op(
+            lo if call.dtype == dtypes.boolean else bi, *_promoted(call, a, b)))(_logical, _bits))
+
+
+@aten("where.self", "where.ScalarOther", "where.ScalarSelf", "where.Scalar")
+def _where(call: Call, cond, a, b):
+    return call.op("Where", call.tensor(cond, dtypes.boolean), *_promoted(call, a, b))
+
+
+@aten("masked_fill.Scalar", "masked_fill.Tensor", "masked_fill_.Scalar")
+def _masked_fill(call: Call, x, mask, value):
+    return call.op("Where", mask, call.tensor(value, call.dtype), x)
+
+
+@aten("isinf.default")
+def _isinf(call: Call, x):
+    return call.op("IsInf", x)
+
+
+@aten("_to_copy.default", "to.dtype", "to.dtype_layout", "to.device", "to.other",
+      "type_as.default", "clone.default", "contiguous.default", "alias.default",
+      "detach.default", "lift_fresh_copy.default", "dropout.default", "native_dropout.default",
+      "_unsafe_view.default", "view.dtype", "copy.default")
+def _copy(call: Call, x, *args, **kwargs):
+    target = call.node.target
+    if target._opname in ("dropout", "native_dropout") and args[1] and args[0]:
+        raise UnsupportedOpError(f"{call.where}: dropout in training mode (call eval())")
+    if target is torch.ops.aten.copy.default:
+        x = args[0]  # copy(self, src): the result holds src in self's dtype and shape
+        x = call.op("Expand", x, call.dims(call.shape))
+    if target is torch.ops.aten.view.dtype and x.dtype.bits != call.dtype.bits:
+        raise UnsupportedOpError(f"{call.where}: reinterpreting {x.dtype} as {call.dtype}")
+    if target is torch.ops.aten.view.dtype and x.dtype != call.dtype:
+        raise UnsupportedOpError(f"{call.where}: bit casts are not supported")
+    if target is torch.ops.aten._unsafe_view.default:
+        return call.reshape(x, (call.shape))
+    y = call.tensor(x, call.dtype)
+    if target is torch.ops.aten.native_dropout.default:
+        return y, call.op("ConstantOfShape", call.dims(call.shape),
+                          value=np.ones(1, np.bool_))
+    return y if y is not x else call.op("Identity", x)
+
+
+# ---- shapes and indexing ---------------------------------------------------------------
+
+@aten("view.default", "reshape.default", "_reshape_alias.default", "flatten.using_ints",
+      "unflatten.int", "squeeze.dim", "squeeze.dims", "squeeze.default", "unsqueeze.default",
+      "view_as.default", "reshape_as.default")
+def _reshape(call: Call, x, *args):
+    return call.reshape(x, (call.shape))
+
+
+@aten("permute.default")
+def _permute(call: Call, x, dims):
+    return call.op("Transpose", x, perm=[d % max(x.rank, 1) for d in dims])
+
+
+@aten("transpose.int", "swapaxes.default")
+def _transpose(call: Call, x, a, b):
+    perm = list(range(x.rank))
+    if perm:
+        a, b = a % x.rank, b % x.rank
+        perm[a], perm[b] = perm[b], perm[a]
+    return call.op("Transpose", x, perm=perm)
+
+
+@aten("t.default", "numpy_T.default")
+def _t(call: Call, x):
+    return call.op("Transpose", x, perm=list(reversed(range(x.rank))))
+
+
+@aten("expand.default", "expand_as.default", "broadcast_to.default")
+def _expand(call: Call, x, *args, **kwargs):
+    return call.op("Expand", x, call.dims(call.shape))
+
+
+@aten("repeat.default")
+def _repeat(call: Call, x, repeats):
+    extra = len(repeats) - x.rank
+    if extra > 0:
+        x = call.reshape(x, ([1] * extra + list(x.shape)))
+    return call.op("Tile", x, call.dims([call.importer.dim(r) for r in repeats]))
+
+
+@aten("cat.default", "concat.default")
+def _cat(call: Call, tensors, dim=0):
+    # PyTorch allows empty 1-D tensors beside others of any rank; they add nothing.
+    kept = [t for t in tensors if not (t.rank == 1 and t.shape[0] == 0)] or tensors[:1]
+    kept = [call.tensor(t, call.dtype) for t in kept]
+    if len(kept) == 1:
+        return call.op("Identity", kept[0])
+    return call.op("Concat", *kept, axis=dim)
+
+
+@aten("stack.default")
+def _stack(call: Call, tensors, dim=0):
+    axis = dim % (tensors[0].rank + 1)
+    parts = [call.op("Unsqueeze", call.tensor(t, call.dtype), call.ints([axis]))
+             for t in tensors]
+    return parts[0] if len(parts) == 1 else call.op("Concat", *parts, axis=axis)
+
+
+def _split(call: Call, x, sizes: Sequence[Dim], dim: int):
+    parts = call.op("Split", x, call.dims(sizes), axis=dim, outputs=len(sizes))
+    return list(parts) if len(sizes) > 1 else [parts]
+
+
+@aten("split.Tensor", "split_with_sizes.default", "split.sizes")
+def _split_tensor(call: Call, x, size, dim=0):
+    sizes = [call.importer.shape(v)[dim % x.rank] for v in call.node.meta["val"]]
+    return _split(call, x, sizes, dim % x.rank)
+
+
+@aten("chunk.default", "unbind.int")
+def _chunk(call: Call, x, *args):
+    dim = args[-1] if call.node.target is torch.ops.aten.chunk.default and len(args) > 1 \
+        else (args[0] if call.node.target is not torch.ops.aten.chunk.default and args else 0)
+    dim %= x.rank
+    outputs = call.node.meta["val"]
+    sizes = [call.importer.shape(v)[dim] if call.node.target is torch.ops.aten.chunk.default
+             else 1 for v in outputs]
+    parts = _split(call, x, sizes, dim)
+    if call.node.target is torch.ops.aten.chunk.default:
+        return parts
+    return [call.op("Squeeze", p, call.ints([dim])) for p in parts]
+
+
+def _bound(value, size: Dim) -> Dim:
+    """A slice bound as ONNX reads it: PyTorch's 'to the end' is INT64_MAX or None."""
+    if value is None:
+        return INT64_MAX
+    return value
+
+
+@aten("slice.Tensor")
+def _slice(call: Call, x, dim=0, start=None, end=None, step=1):
+    dim %= x.rank
+    start = 0 if start is None else start
+    return call.op("Slice", x, call.dims([start]), call.dims([_bound(end, x.shape[dim])]),
+                   call.ints([dim]), call.ints([step]))
+
+
+@aten("narrow.default")
+def _narrow(call: Call, x, dim, start, length):
+    dim %= x.rank
+    return call.op("Slice", x, call.dims([start]), call.dims([start + length]),
+                   call.ints([dim]))
+
+
+@aten("select.int")
+def _select(call: Call, x, dim, index):
+    dim %= x.rank
+    return call.op("Gather", x, call.const(index, dtypes.int64), axis=dim)
+
+
+@aten("index_select.default")
+def _index_select(call: Call, x, dim, index):
+    # A scalar index selects as a one-element list: the dimension stays.
+    index = call.reshape(index, ([-1])) if index.rank == 0 else index
+    if x.rank > 0:
+        return call.op("Gather", x, index, axis=dim % x.rank)
+    # From a scalar as from a one-element vector, giving a scalar.
+    picked = call.op("Gather", call.reshape(x, ([1])), index, axis=0)
+    return call.reshape(picked, (call.shape))
+
+
+@aten("index.Tensor", "_unsafe_index.Tensor")
+def _index(call: Call, x, indices):
+    """Advanced indexing: the index tensors broadcast together and pick elements with
+    GatherND from ``x`` with the indexed dimensions moved to the front. PyTorch places the
+    broadcast dimensions where the first indexed one was when the indexed dimensions are
+    adjacent, and in front otherwise."""
+    given = [k for k, t in enumerate(indices) if t is not None]
+    if any(indices[k].dtype == dtypes.boolean for k in given):
+        raise UnsupportedOpError(f"{call.where}: indexing with a mask (its result's shape "
+                                 "depends on the mask's contents)")
+    if len(given) == 1:
+        return call.op("Gather", x, indices[given[0]], axis=given[0])
+    rest = [k for k in range(x.rank) if k not in given]
+    if given != list(range(len(given))):
+        x = call.op("Transpose", x, perm=given + rest)
+    common = torch.broadcast_shapes(*(call.node.args[1][k].meta["val"].shape for k in given))
+    common = [call.importer.dim(d) for d in common]
+    columns = [call.op("Unsqueeze", call.op("Expand", indices[k], call.dims(common)),
+                       call.ints([-1])) for k in given]
+    y = call.op("GatherND", x, call.op("Concat", *columns, axis=-1))
+    adjacent = given == list(range(given[0], given[-1] + 1))
+    if not adjacent or given[0] == 0:
+        return y
+    # [broadcast..., dims before, dims after] -> [dims before, broadcast..., dims after]
+    b, p = len(common), given[0]
+    perm = list(range(b, b + p)) + list(range(b)) + list(range(b + p, y.rank))
+    return call.op("Transpose", y, perm=perm)
+
+
+@aten("gather.default")
+def _gather(call: Call, x, dim, index, sparse_grad=False):
+    return call.op("GatherElements", x, index, axis=dim % x.rank)
+
+
+@aten("embedding.default")
+def _embedding(call: Call, weight, indices, *args):
+    return call.op("Gather", weight, indices, axis=0)
+
+
+@aten("tril.default", "triu.default")
+def _triangle(call: Call, x, diagonal=0):
+    upper = int(call.node.target is torch.ops.aten.triu.default)
+    return call.op("Trilu", x, call.const(diagonal, dtypes.int64), upper=upper)
+
+
+@aten("cumsum.default")
+def _cumsum(call: Call, x, dim, dtype=None):
+    y = call.tensor(x, call.dtype)
+    if y.rank == 0:  # a scalar is its own running sum
+        return y if y is not x else call.op("Identity", x)
+    return call.op("CumSum", y, call.const(dim, dtypes.int64))
+
+
+@aten("constant_pad_nd.default")
+def _constant_pad(call: Call, x, pad, value=0):
+    return _pad(call, x, pad, "constant", value)
+
+
+@aten("pad.default", "reflection_pad1d.default",
+      "reflection_pad2d.default", "reflection_pad3d.default", "replication_pad1d.default",
+      "replication_pad2d.default", "replication_pad3d.default")
+def _pad(call: Call, x, pad, mode="constant", value=None):
+    name = call.node.target._opname
+    if name.startswith("reflection"):
+        mode = "reflect"
+    elif name.startswith("replication"):
+        mode = "replicate"
+    modes = {"constant": "constant", "reflect": "reflect", "replicate": "edge",
+             "circular": "wrap"}
+    if mode not in modes:
+        raise UnsupportedOpError(f"{call.where}: padding mode {mode!r}")
+    # PyTorch lists (begin, end) pairs from the last dimension backwards.
+    count = len(pad) // 2
+    begins = [0] * (x.rank - count) + [pad[2 * k] for k in reversed(range(count))]
+    ends = [0] * (x.rank - count) + [pad[2 * k + 1] for k in reversed(range(count))]
+    inputs = [x, call.dims(begins + ends)]
+    if mode == "constant" and value:
+        inputs.append(call.const(value, x.dtype))
+    return call.op("Pad", *inputs, mode=modes[mode])
+
+
+# ---- creation --------------------------------------------------------------------------
+
+def _filled(call: Call, value):
+    if all(isinstance(d, int) for d in call.shape):
+        return constant(held(np.full(call.shape, value), call.dtype), call.node.name,
+                        call.dtype)
+    if call.dtype == dtypes.bfloat16:  # ConstantOfShape reads its dtype off numpy's
+        filled = call.op("ConstantOfShape", call.dims(call.shape),
+                         value=np.full(1, value, np.float32))
+        return call.op("Cast", filled, to=_onnx(call.dtype))
+    return call.op("ConstantOfShape", call.dims(call.shape),
+                   value=np.full(1, value, call.dtype.numpy))
+
+
+@aten("zeros.default", "zeros_like.default", "new_zeros.default", "empty.memory_format",
+      "empty_like.default", "new_empty.default")
+def _zeros(call: Call, *args, **kwargs):
+    return _filled(call, 0)
+
+
+@aten("ones.default", "ones_like.default", "new_ones.default")
+def _ones(call: Call, *args, **kwargs):
+    return _filled(call, 1)
+
+
+@aten("full.default", "full_like.default", "new_full.default")
+def _full(call: Call, *args, **kwargs):
+    position = 2 if call.node.target._opname == "new_full" else 1  # new_full(x, size, value)
+    value = args[position] if len(args) > position else kwargs["fill_value"]
+    if isinstance(value, Tensor):
+        raise UnsupportedOpError(f"{call.where}: a fill value computed at run time")
+    return _filled(call, value)
+
+
+@aten("scalar_tensor.default")
+def _scalar_tensor(call: Call, value, **kwargs):
+    return call.const(value, call.dtype)
+
+
+@aten("arange.default", "arange.start", "arange.start_step")
+def _arange(call: Call, *args, **kwargs):
+    args = list(args) + [kwargs[k] for k in ("start", "end", "step") if k in kwargs]
+    start, end, step = (0, args[0], 1) if len(args) == 1 else \
+        (args[0], args[1], args[2] if len(args) > 2 else 1)
+    if all(isinstance(v, (int, float)) for v in (start, end, step)):
+        return call.const(np.arange(start, end, step), call.dtype)
+    bounds = [call.op("Cast", call.dims([v]), to=_onnx(call.dtype)) if not isinstance(
+        v, (int, float)) else call.const([v], call.dtype) for v in (start, end, step)]
+    scalars = [call.op("Squeeze", b, call.ints([0])) for b in bounds]
+    return call.op("Range", *scalars)
+
+
+# ---- reductions ------------------------------------------------------------------------
+
+def _axes(x: Tensor, dim) -> list[int]:
+    if dim is None or dim == []:
+        return list(range(x.rank))
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    return [d % max(x.rank, 1) for d in dims]
+
+
+def _reduce(op_type: str):
+    def convert(call: Call, x, dim=None, keepdim=False, *, dtype=None):
+        x = call.tensor(x, call.dtype)
+        if x.rank == 0:
+            return call.op("Identity", x)
+        return call.op(op_type, x, call.ints(_axes(x, dim)), keepdims=int(keepdim))
+    return convert
+
+
+aten("sum.dim_IntList", "sum.default")(_reduce("ReduceSum"))
+aten("mean.dim", "mean.default")(_reduce("ReduceMean"))
+aten("amax.default")(_reduce("ReduceMax"))
+aten("amin.default")(_reduce("ReduceMin"))
+aten("prod.dim_int", "prod.default")(_reduce("ReduceProd"))
+
+
+@aten("max.dim", "min.dim")
+def _extreme_dim(call: Call, x, dim, keepdim=False):
+    biggest = call.node.target is torch.ops.aten.max.dim
+    if x.rank == 0:  # a scalar is its own extreme, at index 0
+        x, dim, keepdim = call.reshape(x, ([1])), 0, False
+    axes = call.ints([dim % x.rank])
+    values = call.op("ReduceMax" if biggest else "ReduceMin", x, axes, keepdims=int(keepdim))
+    index = call.op("ArgMax" if biggest else "ArgMin", x, axis=dim % x.rank,
+                    keepdims=int(keepdim), select_last_index=0)
+    return values, index
+
+
+@aten("max.default", "min.default")
+def _extreme(call: Call, x):
+    biggest = call.node.target is torch.ops.aten.max.default
+    return call.op("ReduceMax" if biggest else "ReduceMin", x, call.ints(_axes(x, None)),
+                   keepdims=0)
+
+
+@aten("argmax.default", "argmin.default")
+def _arg_extreme(call: Call, x, dim=None, keepdim=False):
+    op_type = "ArgMax" if call.node.target is torch.ops.aten.argmax.default else "ArgMin"
+    if dim is None or x.rank == 0:  # over every element, the index shaped as the result
+        flat = call.reshape(x, ([-1]))
+        return call.op("Reshape", call.op(op_type, flat, axis=0, keepdims=0),
+                       call.dims(call.shape))
+    return call.op(op_type, x, axis=dim % x.rank, keepdims=int(keepdim))
+
+
+@aten("var.correction", "var.dim", "std.correction", "std.dim")
+def _variance(call: Call, x, dim=None, *args, correction=None, keepdim=False):
+    if args:  # var.dim(x, dim, unbiased, keepdim)
+        unbiased = args[0]
+        keepdim = args[1] if len(args) > 1 else keepdim
+        correction = 1 if unbiased else 0
+    correction = 1 if correction is None else correction
+    axes = call.ints(_axes(x, dim))
+    mean = call.op("ReduceMean", x, axes, keepdims=1)
+    centred = call.op("Sub", x, mean)
+    squares = call.op("ReduceSum", call.op("Mul", centred, centred), axes, keepdims=int(keepdim))
+    count = math.prod(x.shape[a] for a in _axes(x, dim))
+    if not isinstance(count, int):
+        raise UnsupportedOpError(f"{call.where}: variance over a symbolic count")
+    var = call.op("Div", squares, call.const(max(count - correction, 0), x.dtype))
+    std = call.node.target._opname == "std"
+    return call.op("Sqrt", var) if std else var
+
+
+def _window(values, spatial: int) -> list[int]:
+    values = [values] if isinstance(values, int) else list(values)
+    return values * spatial if len(values) == 1 else values
+
+
+# ---- linear algebra --------------------------------------------------------------------
+
+@aten("mm.default", "bmm.default", "matmul.default", "mv.default", "dot.default")
+def _matmul(call: Call, a, b):
+    return call.op("MatMul", a, b)
+
+
+@aten("addmm.default")
+def _addmm(call: Call, bias, a, b, *, beta=1, alpha=1):
+    return call.op("Gemm", a, b, bias, alpha=float(alpha), beta=float(beta))
+
+
+@aten("baddbmm.default")
+def _baddbmm(call: Call, bias, a, b, *, beta=1, alpha=1):
+    product = call.op("MatMul", a, b)
+    if alpha != 1:
+        product = call.op("Mul", product, call.const(alpha, call.dtype))
+    if beta == 0:
+        return product
+    if beta != 1:
+        bias = call.op("Mul", bias, call.const(beta, call.dtype))
+    return call.op("Add", product, bias)
+
+
+@aten("linear.default")
+def _linear(call: Call, x, weight, bias=None):
+    if x.rank == 2:
+        return call.op("Gemm", x, weight, *([bias] if bias is not None else []), transB=1)
+    y = call.op("MatMul", x, call.op("Transpose", weight, perm=[1, 0]))
+    return y if bias is None else call.op("Add", y, bias)
+
+
+@aten("convolution.default", "conv1d.default", "conv2d.default", "conv3d.default",
+      "_convolution.default")
+def _convolution(call: Call, x, weight, bias=None, stride=1, padding=0, dilation=1,
+                 *rest):
+    spatial = x.rank - 2
+    transposed, groups = False, 1
+    if call.node.target._opname in ("convolution", "_convolution"):
+        transposed, groups = rest[0], rest[2]  # rest[1]: output padding, when transposed
+    elif rest:
+        groups = rest[0]
+    if transposed:
+        raise UnsupportedOpError(f"{call.where}: transposed convolution is not supported")
+    if isinstance(padding, str):
+        raise UnsupportedOpError(f"{call.where}: padding {padding!r} (give sizes)")
+    pads = _window(padding, spatial)
+    inputs = [x, weight] + ([bias] if bias is not None else [])
+    return call.op("Conv", *inputs, strides=_window(stride, spatial), pads=pads + pads,
+                   dilations=_window(dilation, spatial), group=groups)
+
+
+# ---- normalisation ---------------------------------------------------------------------
+
+def _ones_if_none(call: Call, value: Optional[Tensor], size: Dim, fill: float) -> Tensor:
+    if value is not None:
+        return value
+    if not isinstance(size, int):
+        raise UnsupportedOpError(f"{call.where}: a symbolic channel count without weights")
+    return call.const(np.full(size, fill), call.dtype)
+
+
+@aten("native_layer_norm.default", "layer_norm.default")
+def _layer_norm(call: Call, x, shape, weight=None, bias=None, eps=1e-5, *rest):
+    axis = x.rank - len(shape)
+    size = math.prod(shape) if all(isinstance(d, int) for d in shape) else None
+    if weight is None and size is not None:
+        weight = call.const(np.ones(shape), call.dtype)
+    outputs = 3 if call.node.target._opname == "native_layer_norm" else 1
+    results = call.op("LayerNormalization", x, weight, bias, axis=axis, epsilon=float(eps),
+                      outputs=outputs)
+    if outputs == 1:
+        return results
+    y, mean, inv_std = results
+    return y, mean, inv_std
+
+
+@aten("_native_batch_norm_legit_no_training.default", "batch_norm.default",
+      "_native_batch_norm_legit.default", "native_batch_norm.default")
+def _batch_norm(call: Call, x, weight, bias, mean, var, *args):
+    name = call.node.target._opname
+    if name == "batch_norm":  # (training, momentum, eps, cudnn)
+        training, eps = args[0], args[2]
+    elif name == "_native_batch_norm_legit_no_training":  # (momentum, eps)
+        training, eps = False, args[1]
+    else:  # (training, momentum, eps)
+        training, eps = args[0], args[2]
+    if training:
+        raise UnsupportedOpError(f"{call.where}: batch normalization in training mode")
+    channels = x.shape[1]
+    y = call.op("BatchNormalization", x, _ones_if_none(call, weight, channels, 1.0),
+                _ones_if_none(call, bias, channels, 0.0), mean, var, epsilon=float(eps))
+    if name == "batch_norm":
+        return y
+    empty = call.const(np.zeros(0), call.dtype)
+    return y, empty, empty
+
+
+@aten("instance_norm.default")
+def _instance_norm(call: Call, x, weight, bias, mean, var, use_input_stats, momentum, eps,
+                   *rest):
+    if not use_input_stats:
+        return _batch_norm(call, x, weight, bias, mean, var, False, momentum, eps)
+    channels = x.shape[1]
+    return call.op("InstanceNormalization", x, _ones_if_none(call, weight, channels, 1.0),
+                   _ones_if_none(call, bias, channels, 0.0), epsilon=float(eps))
+
+
+@aten("_native_batch_norm_legit.no_stats")
+def _instance_stats(call: Call, x, weight, bias, training, momentum, eps):
+    """Batch statistics without running ones: per channel over batch and space. Export
+    writes instance normalization this way after folding the batch into channels."""
+    mean, inv = _moments(call, x, [0] + list(range(2, x.rank)), eps)
+    y = _affine(call, call.op("Mul", call.op("Sub", x, mean), inv), weight, bias)
+    flat = call.ints([-1])
+    return y, call.op("Reshape", mean, flat), call.op("Reshape", inv, flat)
+
+
+def _moments(call: Call, x: Tensor, axes: list[int], eps: float) -> tuple[Tensor, Tensor]:
+    """The mean of ``x`` over ``axes`` and its reciprocal (biased) standard deviation,
+    both with the axes kept as size 1."""
+    axes = call.ints(axes)
+    mean = call.op("ReduceMean", x, axes, keepdims=1)
+    centred = call.op("Sub", x, mean)
+    var = call.op("ReduceMean", call.op("Mul", centred, centred), axes, keepdims=1)
+    eps = call.const(eps, x.dtype)
+    return mean, call.op("Reciprocal", call.op("Sqrt", call.op("Add", var, eps)))
+
+
+def _affine(call: Call, y: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]):
+    """``y`` scaled and shifted per channel (its dimension 1) where weights are given."""
+    shape = call.ints([-1] + [1] * (y.rank - 2))
+    if weight is not None:
+        y = call.op("Mul", y, call.op("Reshape", weight, shape))
+    if bias is not None:
+        y = call.op("Add", y, call.op("Reshape", bias, shape))
+    return y
+
+
+@aten("group_norm.default", "native_group_norm.default")
+def _group_norm(call: Call, x, *args):
+    if call.node.target._opname == "group_norm":  # (groups, weight, bias, eps, cudnn)
+        groups, weight, bias = args[0], *(list(args[1:3]) + [None, None])[:2]
+        eps = args[3] if len(args) > 3 else 1e-5
+    else:  # (weight, bias, N, C, HxW, groups, eps)
+        weight, bias, groups, eps = args[0], args[1], args[5], args[6]
+    # Each group normalised as one instance: rows of [N, G, C/G * spatial].
+    rows = call.reshape(x, ([x.shape[0], groups, -1]))
+    ones, zeros = (call.const(np.full(groups, v), x.dtype) for v in (1.0, 0.0))
+    normal = call.op("InstanceNormalization", rows, ones, zeros, epsilon=float(eps))
+    y = _affine(call, call.reshape(normal, (list(x.shape))), weight, bias)
+    if call.node.target._opname == "group_norm":
+        return y
+    # The statistics per [N, G] (dropped with the graph's unread tensors when unused).
+    mean, inv = _moments(call, rows, [2], eps)
+    stats = call.dims(list(x.shape[:1]) + [groups])
+    return y, call.op("Reshape", mean, stats), call.op("Reshape", inv, stats)
+
+
+def _softmax_like(op_type: str):
+    def convert(call: Call, x, dim, *rest, **kwargs):
+        return call.op(op_type, call.tensor(x, call.dtype), axis=dim % max(x.rank, 1))
+    return convert
+
+
+aten("_softmax.default", "softmax.int")(_softmax_like("Softmax"))
+aten("_log_softmax.default", "log_softmax.int")(_softmax_like("LogSoftmax"))
+
+
+@aten("_safe_softmax.default")
+def _safe_softmax(call: Call, x, dim, dtype=None):
+    """Softmax whose rows of only -inf give zeros (masked-out queries) rather than NaN."""
+    x = call.tensor(x, call.dtype)
+    axis = dim % max(x.rank, 1)
+    y = call.op("Softmax", x, axis=axis)
+    peak = call.op("ReduceMax", x, call.ints([axis]), keepdims=1)
+    masked = call.op("Equal", peak, call.const(-np.inf, x.dtype))
+    return call.op("Where", masked, call.const(0, x.dtype), y)
+
+
+@aten("scaled_dot_product_attention.default")
+def _attention(call: Call, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+               scale=None, enable_gqa=False):
+    if dropout_p:
+        raise UnsupportedOpError(f"{call.where}: attention dropout")
+    if q.rank != 4:
+        raise UnsupportedOpError(f"{call.where}: attention over rank-{q.rank} tensors")
+    attrs = {"is_causal": int(is_causal)}
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    inputs = [q, k, v] + ([attn_mask] if attn_mask is not None else [])
+    return call.op("Attention", *inputs, **attrs)
+
+
+# ---- pooling and resampling ------------------------------------------------------------
+
+@aten("max_pool2d.default", "max_pool1d.default", "max_pool3d.default",
+      "max_pool2d_with_indices.default", "max_pool3d_with_indices.default")
+def _max_pool(call: Call, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    spatial = _spatial(call)
+    kernel = _window(kernel, spatial)
+    stride = _window(stride, spatial) if stride else kernel
+    pads = _window(padding, spatial)
+    y = _batched(call, x, lambda b: call.op(
+        "MaxPool", b, kernel_shape=kernel, strides=stride, pads=pads + pads,
+        dilations=_window(dilation, spatial), ceil_mode=int(ceil_mode)))
+    return _without_indices(call, y) if "with_indices" in call.node.target._opname else y
+
+
+@aten("avg_pool2d.default", "avg_pool1d.default", "avg_pool3d.default")
+def _avg_pool(call: Call, x, kernel, stride=(), padding=0, ceil_mode=False,
+              count_include_pad=True, divisor_override=None):
+    spatial = _spatial(call)
+    kernel = _window(kernel, spatial)
+    stride = _window(stride, spatial) if stride else kernel
+    pads = _window(padding, spatial)
+    if divisor_override is not None:
+        if ceil_mode:  # the windows past the edge would count otherwise
+            raise UnsupportedOpError(f"{call.where}: divisor_override with ceil_mode")
+        # Every window then spans the whole kernel: the mean times its size is the sum.
+        count_include_pad = True
+    y = _batched(call, x, lambda b: call.op(
+        "AveragePool", b, kernel_shape=kernel, strides=stride, pads=pads + pads,
+        ceil_mode=int(ceil_mode), count_include_pad=int(count_include_pad)))
+    if divisor_override is None:
+        return y
+    return call.op("Mul", y, call.const(math.prod(kernel) / divisor_override, x.dtype))
+
+
+@aten("adaptive_avg_pool2d.default", "_adaptive_avg_pool2d.default",
+      "adaptive_avg_pool1d.default", "adaptive_max_pool2d.default")
+def _adaptive_pool(call: Call, x, output_size):
+    biggest = call.node.target._opname.startswith("adaptive_max")
+    count = _spatial(call)
+    spatial, out = list(x.shape[-count:]), _window(output_size, count)
+    if all(o == 1 for o in out):
+        y = _batched(call, x, lambda b: call.op(
+            "GlobalMaxPool" if biggest else "GlobalAveragePool", b))
+        return _without_indices(call, y) if biggest else y
+    if not all(isinstance(s, int) and s % o == 0 for s, o in zip(spatial, out)):
+        raise UnsupportedOpError(f"{call.where}: adaptive pooling of {spatial} to {out} "
+                                 "(only divisible sizes are)")
+    kernel = [s // o for s, o in zip(spatial, out)]
+    y = _batched(call, x, lambda b: call.op(
+        "MaxPool" if biggest else "AveragePool", b, kernel_shape=kernel, strides=kernel))
+    return _without_indices(call, y) if biggest else y
+
+
+def _spatial(call: Call) -> int:
+    """How many spatial dimensions a pooling op's name says it pools (max_pool2d: 2)."""
+    return int(re.search(r"(\d)d", call.node.target._opname).group(1))
+
+
+def _batched(call: Call, x: Tensor, pool: Callable[[Tensor], Tensor]) -> Tensor:
+    """``pool`` applied to ``x``, which PyTorch also takes unbatched ([C, *spatial]) where
+    ONNX's pools need [N, C, *spatial]."""
+    if x.rank > _spatial(call) + 1:
+        return pool(x)
+    return call.op("Squeeze", pool(call.op("Unsqueeze", x, call.ints([0]))), call.ints([0]))
+
+
+def _without_indices(call: Call, y: Tensor) -> tuple[Tensor, None]:
+    """A max pool's values, refused when the graph also reads the indices."""
+    if any(u.target is not operator.getitem or u.args[1] != 0 for u in call.node.users):
+        raise UnsupportedOpError(f"{call.where}: max pooling indices are not supported")
+    return y, None
+
+
+@aten("upsample_nearest2d.vec", "upsample_nearest2d.default", "upsample_nearest1d.vec",
+      "upsample_bilinear2d.vec", "upsample_bilinear2d.default", "upsample_linear1d.vec",
+      "_upsample_nearest_exact2d.vec")
+def _upsample(call: Call, x, output_size, *args):
+    name = call.node.target._opname
+    attrs = {"mode": "nearest"}
+    if "nearest" in name:
+        exact = "exact" in name
+        attrs["coordinate_transformation_mode"] = "half_pixel" if exact else "asymmetric"
+        attrs["nearest_mode"] = "round_prefer_ceil" if exact else "floor"
+    else:
+        align = args[0]
+        attrs["mode"] = "linear"
+        attrs["coordinate_transformation_mode"] = "align_corners" if align \
+            else "pytorch_half_pixel"
+    scales = args[-1] if args and isinstance(args[-1], (list, tuple)) else None
+    if output_size is None and scales:
+        # Given factors (not sizes) map coordinates: PyTorch and ONNX both divide by them.
+        factors = call.const([1.0, 1.0] + [float(f) for f in scales], dtypes.float32)
+        return call.op("Resize", x, None, factors, **attrs)
+    return call.op("Resize", x, None, None, call.dims(list(call.shape)), **attrs)
+
+
+@aten("pixel_shuffle.default")
+def _pixel_shuffle(call: Call, x, factor):
+    return call.op("DepthToSpace", x, blocksize=factor, mode="CRD")

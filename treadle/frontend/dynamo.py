@@ -1,0 +1,232 @@
+"""``torch.compile(model, backend="treadle")``: dynamo captures the model, AOTAutograd
+lowers it to ATen operators, and treadle compiles every part it supports.
+
+The backend is registered through the ``torch_dynamo_backends`` entry point, so it needs
+no import. Compilation waits for the first call: AOTAutograd hands over fake tensors, and
+the parameters and buffers (its static inputs) must be real to become constants, which lets
+treadle fold and pack them. They are frozen then, as for any inference compiler: change a
+weight in place and compile again.
+
+ATen nodes without a converter split the graph (``torch.fx``'s capability partitioner):
+the supported pieces run in treadle, the rest in eager, and one warning lists the ops. A
+piece that treadle then refuses (an argument a converter does not accept) also runs in
+eager, with a warning naming the node. Graphs that need gradients run in eager.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import operator
+import warnings
+from collections import Counter
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+import torch.fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from treadle.errors import TreadleError
+
+OPTIONS = ("tune", "orchestrate", "dynamic")
+
+
+def treadle_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                    options: Optional[Mapping[str, Any]] = None) -> Callable:
+    """The dynamo backend. ``options`` go to ``treadle.compile``: ``tune`` and
+    ``orchestrate`` as they are, ``dynamic`` as the size range (``(1, 512)``) or sizes
+    every symbolic dimension of the graph is tuned for."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown treadle backend options {unknown}; expected {OPTIONS}")
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                       for x in example_inputs):
+        warnings.warn("treadle compiles inference only and this graph needs gradients "
+                      "(grad mode is on and an input or parameter requires grad): it runs "
+                      "in eager. Call the model under torch.no_grad() or "
+                      "torch.inference_mode() to compile it.", stacklevel=2)
+        return gm.forward
+    from torch._dynamo.backends.common import aot_autograd
+    compile_forward = functools.partial(_forward, options=options)
+    with _preserved(PRESERVED):
+        return aot_autograd(fw_compiler=compile_forward)(gm, example_inputs)
+
+
+# Composite ops AOTAutograd would decompose into gathers (``_unsafe_index``) that treadle
+# imports as one Resize each, which it fuses and vectorises.
+PRESERVED = ("upsample_nearest2d.vec", "upsample_bilinear2d.vec", "upsample_nearest1d.vec",
+             "upsample_linear1d.vec")
+
+
+@contextlib.contextmanager
+def _preserved(names: Sequence[str]):
+    """Keeps the named composite ATen ops whole while AOTAutograd traces (torch.export's
+    mechanism, private to torch: without it the ops are decomposed, correctly)."""
+    try:
+        from torch._export.utils import _special_op_to_preserve_cia
+        from torch.export.exported_program import _override_composite_implicit_decomp
+    except ImportError:
+        yield
+        return
+    ops = {}
+    for name in names:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet, None), overload, None)
+        if op is not None:
+            ops[op] = _special_op_to_preserve_cia
+    with _override_composite_implicit_decomp(ops):
+        yield
+
+
+def _forward(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+             options: Mapping[str, Any]) -> Callable:
+    from torch._guards import TracingContext
+    context = TracingContext.try_get()
+    metadata = context.fw_metadata if context is not None else None
+    static = set(metadata.static_input_indices) if metadata is not None else set()
+    runner = _LazyRunner(gm, static, options)
+    runner._boxed_call = True  # AOTAutograd calls it with one list of arguments
+    return runner
+
+
+class _LazyRunner:
+    """Compiles at the first call, when the static inputs (weights) hold real values."""
+
+    def __init__(self, gm: torch.fx.GraphModule, static: set[int], options: Mapping):
+        self.gm, self.static, self.options = gm, static, options
+        self.run: Optional[Callable] = None
+
+    def __call__(self, args: list) -> Any:
+        if self.run is None:
+            self.run = split_and_compile(self.gm, self.static, args, self.options)
+        result = self.run(*args)
+        args.clear()  # the boxed convention: the callee releases its arguments
+        return result
+
+
+class _Supported(OperatorSupportBase):
+    def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
+        from treadle.frontend.aten import is_supported
+        if node.op != "call_function":
+            return False
+        if node.target is operator.getitem:
+            return self.is_node_supported(submodules, node.args[0])
+        if not isinstance(node.target, torch._ops.OpOverload):
+            return False  # size arithmetic stays in the host graph, its results are inputs
+        return is_supported(node) and _tensors_supported(node)
+
+
+def _tensors_supported(node: torch.fx.Node) -> bool:
+    from treadle.frontend.torch import torch_dtype
+    values = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+    for value in values:
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, torch.Tensor):
+                try:
+                    torch_dtype(v.dtype)
+                except TreadleError:
+                    return False
+    return True
+
+
+def split_and_compile(gm: torch.fx.GraphModule, static: set[int], args: Sequence,
+                      options: Mapping) -> Callable:
+    """The graph with its supported parts compiled by treadle; ``args`` are the first
+    call's arguments, of which those at ``static`` positions become constants."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    frozen = {p.name: args[k] for k, p in enumerate(placeholders) if k in static}
+    partitioner = CapabilityBasedPartitioner(gm, _Supported(), allows_single_node_partition=True)
+    partitions = partitioner.propose_partitions()
+    _warn_unsupported(gm, {n for p in partitions for n in p.nodes})
+    split = partitioner.fuse_partitions(partitions, prefix="treadle_")
+    for node in split.graph.nodes:
+        if node.op == "call_module" and node.target.startswith("treadle_"):
+            piece = getattr(split, node.target)
+            constants = {sub.name: frozen[arg.name] for sub, arg in
+                         zip(_placeholders(piece), node.args)
+                         if isinstance(arg, torch.fx.Node) and arg.op == "placeholder"
+                         and arg.name in frozen}
+            setattr(split, node.target, _compile_piece(piece, constants, node.target, options))
+    return split
+
+
+def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _warn_unsupported(gm: torch.fx.GraphModule, covered: set) -> None:
+    missing = Counter(str(n.target) for n in gm.graph.nodes
+                      if n.op == "call_function" and n not in covered
+                      and isinstance(n.target, torch._ops.OpOverload))
+    if missing:
+        listed = ", ".join(f"{op} ({count} node{'s' if count > 1 else ''})"
+                           for op, count in sorted(missing.items()))
+        warnings.warn(f"treadle runs these ATen operators in eager: {listed}", stacklevel=3)
+
+
+def _compile_piece(piece: torch.fx.GraphModule, constants: Mapping[str, torch.Tensor],
+                   name: str, options: Mapping) -> torch.nn.Module:
+    """A treadle-compiled piece, or the piece itself (run in eager) when treadle refuses
+    it, with a warning saying why."""
+    import treadle
+    from treadle.frontend.torch import from_aten
+    try:
+        graph = from_aten(piece, constants, name=name)
+        dynamic = _ranges(graph, options.get("dynamic"))
+        model = treadle.compile(graph, tune=options.get("tune", 0),
+                                orchestrate=options.get("orchestrate", False),
+                                dynamic=dynamic)
+    except TreadleError as err:
+        warnings.warn(f"treadle runs part of the graph in eager: {err}", stacklevel=4)
+        return piece
+    return _Piece(model, piece, constants)
+
+
+def _ranges(graph, dynamic) -> Optional[dict]:
+    """The backend's one ``dynamic`` option given to every symbol of the graph."""
+    if dynamic is None:
+        return None
+    from treadle.ir.expr import as_expr
+    from treadle.ir.functor import free_vars
+    symbols = {v.name for t in graph.inputs for d in t.shape for v in free_vars(as_expr(d))}
+    return {s: dynamic for s in sorted(symbols)} or None
+
+
+class _Piece(torch.nn.Module):
+    """Runs a compiled piece on the host graph's values: constants are baked in, sizes
+    are read from the tensors, and results come back as tensors sharing treadle's
+    output memory."""
+
+    def __init__(self, model, piece: torch.fx.GraphModule, constants: Mapping):
+        super().__init__()
+        self.model = model
+        kinds = []
+        for node in _placeholders(piece):
+            value = node.meta.get("val")
+            kinds.append(node.name not in constants and isinstance(value, torch.Tensor))
+        self.tensor_positions = [k for k, is_tensor in enumerate(kinds) if is_tensor]
+        out = next(n for n in piece.graph.nodes if n.op == "output").args[0]
+        self.returns_tuple = isinstance(out, (tuple, list))
+        results = out if self.returns_tuple else [out]
+        self.output_dtypes = [r.meta["val"].dtype for r in results]
+
+    def forward(self, *args):
+        inputs = [_array(args[k]) for k in self.tensor_positions]
+        outputs = [_tensor(o, dtype) for o, dtype in
+                   zip(self.model(*inputs), self.output_dtypes)]
+        return tuple(outputs) if self.returns_tuple else outputs[0]
+
+
+def _array(tensor: torch.Tensor):
+    """The tensor's memory as numpy, copied only when not contiguous (bfloat16, which
+    numpy lacks, as its raw bits)."""
+    tensor = tensor.detach().contiguous()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view("uint16")
+    return tensor.numpy()
+
+
+def _tensor(array, dtype: torch.dtype) -> torch.Tensor:
+    tensor = torch.from_numpy(array)
+    return tensor.view(dtype) if dtype == torch.bfloat16 else tensor

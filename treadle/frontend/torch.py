@@ -1,0 +1,285 @@
+"""Importing PyTorch programs: an FX graph of ATen operators becomes a treadle graph.
+
+The graph comes from ``torch.export`` (``from_exported``: parameters, buffers and lifted
+constants are named by the export signature) or from dynamo and AOTAutograd
+(``from_aten``: the caller says which placeholders hold constants). Both dialects appear:
+export keeps composite ops (``aten.linear``, ``aten.conv2d``, ``aten.layer_norm``) while
+AOTAutograd decomposes them (``aten.addmm``, ``aten.convolution``,
+``aten.native_layer_norm``); the table in ``treadle.frontend.aten`` covers both.
+
+Sizes are read from each node's fake tensor (``meta["val"]``), so symbolic sizes
+(``SymInt``) arrive as sympy expressions over the shape environment's symbols, which become
+treadle symbols of the same names (or the names a caller gives them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.fx
+
+from treadle.errors import ModelError, UnsupportedOpError
+from treadle.graph.graph import Graph
+from treadle.graph.tensor import Dim, Tensor, constant
+from treadle.ir import dtypes
+from treadle.ir.dtypes import DataType, index_type
+from treadle.ir.expr import Var, as_expr, maximum, minimum
+
+# Nodes that only check or annotate: they produce nothing a computation reads.
+CHECKS = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size",
+          "_assert_async", "sym_constrain_range"}
+
+
+def torch_dtype(dtype: torch.dtype) -> DataType:
+    """The treadle dtype of a torch dtype; complex and quantized ones are unsupported."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in dtypes.BY_NAME:
+        raise UnsupportedOpError(f"dtype {dtype} is not supported")
+    return dtypes.BY_NAME[name]
+
+
+def numpy_of(tensor: torch.Tensor) -> np.ndarray:
+    """A detached CPU copy of a tensor's contents as numpy (bfloat16 as its raw bits)."""
+    tensor = tensor.detach().to("cpu").contiguous()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(np.uint16).copy()
+    return tensor.numpy().copy()
+
+
+# ---- symbolic sizes --------------------------------------------------------------------
+
+def _sympy_converters() -> dict[str, Callable[[list], Dim]]:
+    def product(args):
+        out = args[0]
+        for a in args[1:]:
+            out = out * a
+        return out
+
+    def total(args):
+        out = args[0]
+        for a in args[1:]:
+            out = out + a
+        return out
+
+    def power(args):
+        base, exponent = args
+        if not isinstance(exponent, int) or exponent < 0:
+            raise UnsupportedOpError(f"size expression with power {exponent}")
+        return product([base] * exponent) if exponent else 1
+
+    def extreme(fold):
+        def convert(args):
+            out = args[0]
+            for a in args[1:]:
+                out = fold(as_expr(out), as_expr(a))
+            return out
+        return convert
+
+    return {"Add": total, "Mul": product, "Pow": power,
+            "FloorDiv": lambda a: a[0] // a[1], "CleanDiv": lambda a: a[0] // a[1],
+            "IntTrueDiv": lambda a: a[0] // a[1], "Mod": lambda a: a[0] % a[1],
+            "PythonMod": lambda a: a[0] % a[1],
+            "CeilDiv": lambda a: (a[0] + a[1] - 1) // a[1],
+            "Max": extreme(maximum), "Min": extreme(minimum)}
+
+
+SYMPY = _sympy_converters()
+
+
+def size_expr(expr, names: Mapping[str, str]) -> Dim:
+    """A sympy size expression as a treadle dimension; ``names`` renames symbols."""
+    import sympy
+    if isinstance(expr, sympy.Integer) or isinstance(expr, int):
+        return int(expr)
+    if isinstance(expr, sympy.Symbol):
+        return Var(names.get(expr.name, expr.name), index_type)
+    kind = type(expr).__name__
+    if kind not in SYMPY:
+        raise UnsupportedOpError(f"size expression {expr} ({kind}) is not supported")
+    return SYMPY[kind]([size_expr(a, names) for a in expr.args])
+
+
+def as_dim(value, names: Mapping[str, str]) -> Dim:
+    """An int or SymInt as a treadle dimension."""
+    if isinstance(value, torch.SymInt):
+        constant_value = value.node.maybe_as_int()
+        return constant_value if constant_value is not None else size_expr(value.node.expr, names)
+    if isinstance(value, (bool, torch.SymBool, torch.SymFloat)):
+        raise UnsupportedOpError(f"symbolic value {value} is not a size")
+    return int(value)
+
+
+# ---- the importer ----------------------------------------------------------------------
+
+@dataclass
+class Importer:
+    """Walks an FX graph, mapping each node's value: tensors to treadle tensors, sizes to
+    dimensions, lists and tuples element by element."""
+    gm: torch.fx.GraphModule
+    constants: Mapping[str, torch.Tensor]  # placeholder name -> contents
+    input_names: Mapping[str, str] = field(default_factory=dict)  # placeholder -> graph input
+    symbols: Mapping[str, str] = field(default_factory=dict)  # shape-env symbol -> name
+    values: dict = field(default_factory=dict)
+    inputs: list[Tensor] = field(default_factory=list)
+
+    def run(self, name: str) -> Graph:
+        from treadle.frontend.aten import convert_node
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                self.values[node] = self._placeholder(node)
+            elif node.op == "get_attr":
+                self.values[node] = self._attribute(node)
+            elif node.op == "call_function":
+                self.values[node] = convert_node(self, node)
+            elif node.op == "output":
+                return self._graph(node, name)
+            else:
+                raise UnsupportedOpError(f"FX node {node.name!r} ({node.op}) is not supported")
+        raise ModelError("the FX graph has no output node")
+
+    def _placeholder(self, node: torch.fx.Node):
+        if node.name in self.constants:
+            return self.constant(self.constants[node.name], node.name)
+        value = node.meta.get("val")
+        if isinstance(value, torch.SymInt):
+            return self.dim(value)
+        if not isinstance(value, torch.Tensor):
+            raise UnsupportedOpError(f"input {node.name!r} is a {type(value).__name__}, not a "
+                                     "tensor or a size")
+        tensor = Tensor(self.input_names.get(node.name, node.name), torch_dtype(value.dtype),
+                        self.shape(value))
+        self.inputs.append(tensor)
+        return tensor
+
+    def _attribute(self, node: torch.fx.Node):
+        value = self.gm
+        for part in node.target.split("."):
+            value = getattr(value, part)
+        if not isinstance(value, torch.Tensor):
+            raise UnsupportedOpError(f"attribute {node.target!r} is a {type(value).__name__}")
+        return self.constant(value, node.name)
+
+    def _graph(self, node: torch.fx.Node, name: str) -> Graph:
+        results = torch.fx.node.map_arg(node.args[0], lambda n: self.values[n])
+        results = list(results) if isinstance(results, (list, tuple)) else [results]
+        for k, r in enumerate(results):
+            if not isinstance(r, Tensor):
+                raise UnsupportedOpError(f"output {k} is a {type(r).__name__}, not a tensor")
+        return Graph.from_outputs(self.inputs, results, name)
+
+    def constant(self, value: torch.Tensor, name: str) -> Tensor:
+        return constant(numpy_of(value), name, torch_dtype(value.dtype))
+
+    def dim(self, value) -> Dim:
+        return as_dim(value, self.symbols)
+
+    def shape(self, value: torch.Tensor) -> tuple[Dim, ...]:
+        return tuple(self.dim(d) for d in value.shape)
+
+    def arg(self, value) -> Any:
+        """A node argument with FX nodes replaced by their imported values."""
+        return torch.fx.node.map_arg(value, lambda n: self.values[n])
+
+
+def from_aten(gm: torch.fx.GraphModule, constants: Mapping[str, torch.Tensor], *,
+              name: str = "module", input_names: Optional[Mapping[str, str]] = None,
+              symbols: Optional[Mapping[str, str]] = None) -> Graph:
+    """The graph of an FX graph module of ATen operators whose placeholders named in
+    ``constants`` hold those tensors; the other tensor placeholders become graph inputs
+    (renamed by ``input_names``), size placeholders their symbolic sizes."""
+    importer = Importer(gm, constants, dict(input_names or {}), dict(symbols or {}))
+    return importer.run(name)
+
+
+def from_exported(program: "torch.export.ExportedProgram", name: str = "module",
+                  symbols: Optional[Mapping[str, str]] = None) -> Graph:
+    """The graph of a ``torch.export`` program: parameters, buffers and constants become
+    constant tensors, user inputs graph inputs named as the module's arguments."""
+    from torch.export.graph_signature import InputKind
+    constants, names = {}, {}
+    state = {**program.state_dict, **program.constants}
+    for spec in program.graph_signature.input_specs:
+        placeholder = spec.arg.name
+        if spec.kind == InputKind.USER_INPUT:
+            names[placeholder] = placeholder
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            constants[placeholder] = state[spec.target]
+        else:
+            raise UnsupportedOpError(f"exported input {placeholder!r} of kind {spec.kind.name}")
+    return from_aten(program.graph_module, constants, name=name, input_names=names,
+                     symbols=symbols)
+
+
+def from_module(module: torch.nn.Module, example_inputs: Sequence, *,
+                dynamic: Optional[Mapping[str, Mapping[int, object]]] = None,
+                name: Optional[str] = None) -> Graph:
+    """The graph of ``module`` called on ``example_inputs`` (a tensor or a tuple), traced by
+    ``torch.export`` in inference mode. ``dynamic`` makes dimensions symbolic, by argument
+    name and axis: ``{"x": {1: "seq"}}``; a value may also be a ``torch.export.Dim``, whose
+    bounds export checks. The graph's symbols take those names."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"expected a torch.nn.Module, got {type(module).__name__}")
+    if module.training:
+        raise ModelError(f"{type(module).__name__} is in training mode; treadle compiles "
+                         "for inference: call .eval() first")
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) \
+        else (example_inputs,)
+    shapes, names = _dynamic_shapes(module, args, dynamic or {})
+    with torch.no_grad():
+        program = torch.export.export(module, args, dynamic_shapes=shapes)
+    return from_exported(program, name or type(module).__name__,
+                         _symbol_names(program, names))
+
+
+def _dynamic_shapes(module: torch.nn.Module, args: tuple, dynamic: Mapping):
+    """torch.export's ``dynamic_shapes`` for ``dynamic`` (keyed by argument name or by
+    position among the tensors passed), and the names it asks for by (position, axis)."""
+    if not dynamic:
+        return None, {}
+    import inspect
+    signature = inspect.signature(module.forward)
+    bound = signature.bind(*args)
+    dims: dict[str, object] = {}
+    names: dict[tuple[int, int], str] = {}
+    used: set = set()
+
+    def axes_of(position: int, param: Optional[str]):
+        axes = {}
+        for key in (position, param):
+            for axis, dim in dynamic.get(key, {}).items() if key in dynamic else ():
+                label = dim if isinstance(dim, str) else dim.__name__
+                axes[axis] = dims.setdefault(label, torch.export.Dim(label)
+                                             if isinstance(dim, str) else dim)
+                names[(position, axis)] = label
+                used.add(key)
+        return axes or None
+
+    shapes, position = {}, 0
+    for param, value in bound.arguments.items():
+        if signature.parameters[param].kind is inspect.Parameter.VAR_POSITIONAL:
+            shapes[param] = tuple(axes_of(position + k, None) for k in range(len(value)))
+            position += len(value)
+        else:
+            shapes[param] = axes_of(position, param)
+            position += 1
+    unknown = sorted(map(str, set(dynamic) - used))
+    if unknown:
+        raise ValueError(f"dynamic names arguments {unknown}; {type(module).__name__}."
+                         f"forward takes {list(bound.arguments)} ({position} tensors)")
+    return shapes, names
+
+
+def _symbol_names(program, names: Mapping[tuple[int, int], str]) -> dict[str, str]:
+    """Shape-environment symbol -> the name the user gave its dimension."""
+    from torch.export.graph_signature import InputKind
+    users = [s.arg.name for s in program.graph_signature.input_specs
+             if s.kind == InputKind.USER_INPUT]
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    symbols = {}
+    for (position, axis), label in names.items():
+        size = nodes[users[position]].meta["val"].shape[axis]
+        if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+            symbols[size.node.expr.name] = label
+    return symbols

@@ -11,8 +11,9 @@ from ``pads`` or ``auto_pad``, and which spatial dimensions a window can leave. 
 such a dimension become ``select(inside, x[clamped], fill)``: the index is clamped, so
 even the branch not taken stays inside the buffer. Each also has a channels-last twin
 (``ChannelsLastConv``, ``ChannelsLastMaxPool``, ``ChannelsLastAveragePool``: N x spatial x C,
-filters kernel x C/group x M), one definition with a ``Layout`` for both orders; only graph
-passes make the twins.
+filters kernel x C/group x M), one definition with a ``Layout`` for both orders, and
+grouped convolution with the group as an axis (``ChannelsLastGroupConv``); only graph
+passes make them.
 """
 from __future__ import annotations
 
@@ -593,6 +594,41 @@ def _conv(ctx: OpContext, layout: Layout):
         return [_finish(ctx, product, dtype)]
     bias = _per_channel(ctx, 2, as_expr(m))
     return [_finish(ctx, product, dtype, lambda i, v: v + cast(bias[layout.split(i)[1]], acc))]
+
+
+@register("ChannelsLastGroupConv", internal=True)
+def channels_last_group_conv(ctx: OpContext):
+    """A grouped convolution channels-last with the group an axis of its own: input
+    N x spatial x C, weight G x kernel x C/G x M/G, output N x spatial x G x M/G. Its
+    definition is a batch over groups of matrix products (pixels by each group's
+    filters), which the GEMM template runs with the group as a parallel axis, where
+    ``Conv``'s single channel axis, read by both factors, would be no matrix product."""
+    x, w = _spatial_input(ctx), ctx.input(1)
+    dtype = same_dtype(ctx, x, w)
+    nsp = x.rank - 2
+    fixed = [normalize_dim(d) for d in w.shape]
+    if w.rank != nsp + 3 or not all(isinstance(d, int) for d in fixed):
+        raise ctx.error(f"weight shape {[str(d) for d in w.shape]} must be static "
+                        f"G x kernel x C/G x M/G")
+    group, *kernel, group_channels, per_group = fixed
+    batch, channels, sizes = NHWC.split(x.shape)
+    _same_size(ctx, channels, group_channels * group,
+               f"input channels must be {group} groups x {group_channels} weight channels")
+    win = _window(ctx, sizes, tuple(kernel))
+    acc = accumulator(dtype)
+
+    def element(n, *idx):
+        out, (g, oc), (*taps, c) = idx[:nsp], idx[nsp:nsp + 2], idx[nsp + 2:]
+        value = win.load(x, NHWC, n, g * group_channels + c, win.positions(out, taps),
+                         _c(0, dtype))
+        return cast(value, acc) * cast(w[(g, *taps, c, oc)], acc)
+    product = reduce("conv", [batch, *win.out, group, per_group], [*kernel, group_channels],
+                     element)
+    if not ctx.has_input(2):
+        return [_finish(ctx, product, dtype)]
+    bias = _per_channel(ctx, 2, as_expr(group * per_group))
+    return [_finish(ctx, product, dtype,
+                    lambda i, v: v + cast(bias[i[-2] * per_group + i[-1]], acc))]
 
 
 def _pool_window(ctx: OpContext, x: Buffer, layout: Layout) -> Window:

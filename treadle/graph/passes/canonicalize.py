@@ -6,7 +6,7 @@
   plain MatMul and an element-wise epilogue;
 * BatchNormalization after a convolution with constant weights is folded into them;
   elsewhere it becomes a per-channel multiply-add;
-* a dense (group 1) convolution with explicit padding reads a padded copy of its input
+* a dense (or grouped GEMM) convolution with explicit padding reads a padded copy of its input
   (Pad, then Conv without pads): the copy costs one pass over the input, while checking
   bounds at every one of the kernel-size-many reads of each input element in the GEMM's
   packing doubled the cost of ResNet's 3x3 convolutions;
@@ -23,6 +23,7 @@ from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator, apply
 from treadle.errors import ModelError
 from treadle.graph.ops.transform import index_bounds, out_of_range
+from treadle.graph.passes.channels_last import grouped_gemm
 from treadle.graph.passes.fold_constants import small_contents
 from treadle.graph.rewrite import consumers, reapply, rewrite_graph
 from treadle.graph.tensor import Tensor, constant
@@ -115,7 +116,8 @@ def _conv_padding(node: Operator, inputs: list, readers) -> Optional[Sequence[Te
     pads = [int(p) for p in attrs.get("pads", [0] * 2 * rank)]
     auto_pad = attrs.get("auto_pad", "NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    if int(attrs.get("group", 1)) != 1 or auto_pad != "NOTSET" or not any(pads):
+    if (int(attrs.get("group", 1)) != 1 and not grouped_gemm(node)) or auto_pad != "NOTSET" \
+            or not any(pads):
         return None
     if len(pads) != 2 * rank:
         return None  # the Conv definition reports the malformed attribute

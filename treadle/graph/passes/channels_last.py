@@ -12,7 +12,9 @@ operands are transposed instead, Pad, Concat) until they meet the next layer's
 ``to_nhwc`` and cancel, so between consecutive layers the activations stay channels-last.
 A transpose left in front of some other consumer (a global pooling, a reshape, the
 graph's output) is an ordinary operator, which fusion inlines into its reader or writer.
-The weights become kernel x C/group x M constants.
+The weights become kernel x C/group x M constants. A grouped convolution (several
+channels per group) becomes ``ChannelsLastGroupConv`` with G x kernel x C/G x M/G weights
+and the group an axis of its output, viewed back as N x spatial x M.
 """
 from __future__ import annotations
 
@@ -72,11 +74,47 @@ def to_first(rank: int) -> list[int]:
 
 def _layer(node: Operator, inputs: list) -> Tensor:
     x, rest = inputs[0], list(inputs[1:])
+    if _grouped(node, inputs):
+        return _grouped_layer(node, x, rest)
     if node.op_type == "Conv":
         rest[0] = _kernel_major(rest[0], node.name)
     last = _transpose(x, to_last(x.rank), f"{node.name}/to_nhwc")
     y = apply(f"ChannelsLast{node.op_type}", [last, *rest], node.attrs, node.name)[0]
     return _transpose(y, to_first(x.rank), f"{node.name}/to_nchw")
+
+
+def grouped_gemm(node: Operator) -> bool:
+    """A convolution of several groups, each with several input channels, which runs as a
+    batch of matrix products over groups (depthwise ones are the window template's)."""
+    group = int(node.attrs.get("group", 1))
+    channels = node.inputs[0].shape[1] if node.inputs[0].rank >= 3 else None
+    return node.op_type == "Conv" and group > 1 and isinstance(channels, int) \
+        and channels > group
+
+
+def _grouped(node: Operator, inputs: list) -> bool:
+    """A grouped GEMM convolution with constant weights, to lay out by group."""
+    return grouped_gemm(node) and inputs[1].is_constant
+
+
+def _grouped_layer(node: Operator, x: Tensor, rest: list) -> Tensor:
+    """The grouped convolution as ChannelsLastGroupConv, whose N x spatial x G x M/G
+    result is viewed as N x spatial x M."""
+    group, weight = int(node.attrs["group"]), rest[0].data
+    m, per_group = weight.shape[0], weight.shape[0] // int(node.attrs["group"])
+    # M x C/G x kernel -> G x M/G x C/G x kernel -> G x kernel x C/G x M/G
+    split = weight.reshape(group, per_group, *weight.shape[1:])
+    layout = np.ascontiguousarray(split.transpose(0, *range(3, split.ndim), 2, 1))
+    rest[0] = constant(layout, f"{rest[0].name}/by_group", rest[0].dtype)
+    attrs = {k: v for k, v in node.attrs.items() if k != "group"}
+    last = _transpose(x, to_last(x.rank), f"{node.name}/to_nhwc")
+    y = apply("ChannelsLastGroupConv", [last, *rest], attrs, node.name)[0]
+    dims = [*y.shape[:-2], m]
+    shape = (constant(np.array(dims, np.int64), f"{node.name}/shape")
+             if all(isinstance(d, int) for d in dims)
+             else apply("Dims", [], {"dims": dims}, f"{node.name}/shape")[0])
+    flat = apply("Reshape", [y, shape], {}, f"{node.name}/channels")[0]
+    return _transpose(flat, to_first(x.rank), f"{node.name}/to_nchw")
 
 
 def _kernel_major(weight: Tensor, name: str) -> Tensor:

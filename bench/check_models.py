@@ -2,7 +2,8 @@
 
     python bench/check_models.py             # full size: ResNet-50, Inception-V3, MobileNetV2,
                                              # BERT-base and GPT-2 small (seq 128), Candy,
-                                             # Segformer-B0 and an EfficientViT block
+                                             # Segformer-B0, an EfficientViT block and the
+                                             # six classifiers of treadle/models/vision.py
     python bench/check_models.py --reduced --models bert gpt2 --repeat 5
 
 (with treadle installed, as in make's .venv, or from the repository root with PYTHONPATH=.)

@@ -43,13 +43,16 @@ def interleaved_medians(runs: dict[str, Callable[[], object]], repeat: int,
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def onnxruntime_session(model, threads: int):
-    """An ONNX Runtime CPU session over a path or serialized model with ``threads``."""
+def onnxruntime_session(model, threads: int, **options: object):
+    """An ONNX Runtime CPU session over a path or serialized model with ``threads``;
+    ``options`` sets further ``SessionOptions`` attributes (``enable_profiling=True``)."""
     import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
+    session_options = ort.SessionOptions()
+    session_options.intra_op_num_threads = threads
+    for name, value in options.items():
+        setattr(session_options, name, value)
     source = str(model) if isinstance(model, os.PathLike) else model
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(source, session_options, providers=["CPUExecutionProvider"])
 
 
 def load_note(cores: int) -> str:

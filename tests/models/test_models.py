@@ -2,9 +2,9 @@
 ``treadle.compile`` and compare every output with ONNX Runtime's on the same random inputs.
 
 The reduced models keep every kind of layer of the full ones (bench/check_models.py runs
-those; the slow tests here run the full dense models). Errors are measured against each
-output's largest magnitude, since values near zero (logits, normalized activations) make
-elementwise relative errors meaningless.
+those; the slow tests here run the full dense and vision models). Errors are measured
+against each output's largest magnitude, since values near zero (logits, normalized
+activations) make elementwise relative errors meaningless.
 """
 import sys
 
@@ -57,8 +57,9 @@ def test_reduced_model_matches_onnxruntime(zoo, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(n for n, r in MODELS.items() if r.family == "dense"))
-def test_full_dense_model_matches_onnxruntime(zoo, name):
+@pytest.mark.parametrize("name", sorted(n for n, r in MODELS.items()
+                                        if r.family in ("dense", "vision")))
+def test_full_model_matches_onnxruntime(zoo, name):
     spec = export_onnx(name, zoo / f"{name}_full.onnx")
     compiled = treadle.compile(spec.path)
     assert_matches(compiled, reference(spec.path), spec.random_inputs(), f"{name} (full)")

@@ -1,14 +1,16 @@
-"""A model zoo for tests, benchmarks and the demo: eight standard networks with random weights.
+"""A model zoo for tests, benchmarks and the demo: fourteen standard networks with random
+weights.
 
 ``export_onnx(name, path)`` writes one as an ONNX file and returns a ``ModelSpec`` (input
 names, shapes and dtypes, and a maker of random inputs); ``build(name)`` returns the same
 model, with the same weights, as a torch module. Each model has size knobs and a
 ``reduced`` variant small enough for CI. Nothing is downloaded: the CNNs are plain
-``torch.nn`` (``cnn.py``), the transformers are built from ``transformers`` configs
-(``transformer.py``), and of the models whose output is a feature map (``dense.py``),
-Candy and the EfficientViT block are plain ``torch.nn`` and Segformer-B0 a ``transformers``
-config. torch is an optional dependency of treadle, so it is imported only when a model
-is built.
+``torch.nn`` (``cnn.py``, and ``vision.py`` for the grouped, multi-scale, Mish,
+squeeze-and-excitation and mixed-kernel ones), the transformers are built from
+``transformers`` configs (``transformer.py``), and of the models whose output is a feature
+map (``dense.py``), Candy and the EfficientViT block are plain ``torch.nn`` and
+Segformer-B0 a ``transformers`` config. torch is an optional dependency of treadle, so it
+is imported only when a model is built.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ take any image of at least 32x32, Inception-V3 at least 75x75.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from treadle.models import require
 
@@ -17,8 +17,8 @@ torch = require("torch")
 nn = torch.nn
 
 
-def _conv_bn(cin: int, cout: int, kernel, stride=1, padding=0, groups: int = 1,
-             eps: float = 1e-5) -> list:
+def conv_bn(cin: int, cout: int, kernel, stride=1, padding=0, groups: int = 1,
+            eps: float = 1e-5) -> list:
     return [nn.Conv2d(cin, cout, kernel, stride, padding, groups=groups, bias=False),
             nn.BatchNorm2d(cout, eps=eps)]
 
@@ -26,16 +26,19 @@ def _conv_bn(cin: int, cout: int, kernel, stride=1, padding=0, groups: int = 1,
 # ResNet-50 (the torchvision "v1.5" variant: the stride sits on the 3x3 convolution).
 
 class Bottleneck(nn.Module):
+    """1x1, 3x3 and 1x1 convolutions around ``inner`` channels (``planes`` unless given;
+    ResNeXt's are wider and split into ``groups``), out to four times ``planes``."""
     expansion = 4
 
-    def __init__(self, cin: int, planes: int, stride: int):
+    def __init__(self, cin: int, planes: int, stride: int, inner: int = 0, groups: int = 1):
         super().__init__()
         cout = planes * self.expansion
+        inner = inner or planes
         self.body = nn.Sequential(
-            *_conv_bn(cin, planes, 1), nn.ReLU(inplace=True),
-            *_conv_bn(planes, planes, 3, stride, 1), nn.ReLU(inplace=True),
-            *_conv_bn(planes, cout, 1))
-        self.shortcut = (nn.Sequential(*_conv_bn(cin, cout, 1, stride))
+            *conv_bn(cin, inner, 1), nn.ReLU(inplace=True),
+            *conv_bn(inner, inner, 3, stride, 1, groups), nn.ReLU(inplace=True),
+            *conv_bn(inner, cout, 1))
+        self.shortcut = (nn.Sequential(*conv_bn(cin, cout, 1, stride))
                          if stride != 1 or cin != cout else nn.Identity())
         self.relu = nn.ReLU(inplace=True)
 
@@ -44,14 +47,18 @@ class Bottleneck(nn.Module):
 
 
 class ResNet(nn.Module):
-    def __init__(self, blocks: Sequence[int], width: int, num_classes: int):
+    """``block(cin, planes, stride)`` makes each residual block, with ``planes`` times
+    ``Bottleneck.expansion`` output channels."""
+
+    def __init__(self, blocks: Sequence[int], width: int, num_classes: int,
+                 block: Callable[[int, int, int], nn.Module] = Bottleneck):
         super().__init__()
-        layers = [*_conv_bn(3, width, 7, 2, 3), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+        layers = [*conv_bn(3, width, 7, 2, 3), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
         cin = width
         for stage, count in enumerate(blocks):
             planes = width * 2 ** stage
             for k in range(count):
-                layers.append(Bottleneck(cin, planes, 2 if stage > 0 and k == 0 else 1))
+                layers.append(block(cin, planes, 2 if stage > 0 and k == 0 else 1))
                 cin = planes * Bottleneck.expansion
         self.features = nn.Sequential(*layers)
         self.pool = nn.AdaptiveAvgPool2d(1)
@@ -72,7 +79,7 @@ def resnet50(*, blocks: Sequence[int] = (3, 4, 6, 3), width: int = 64,
 
 class BasicConv(nn.Sequential):
     def __init__(self, cin: int, cout: int, kernel, stride=1, padding=0):
-        super().__init__(*_conv_bn(cin, cout, kernel, stride, padding, eps=1e-3),
+        super().__init__(*conv_bn(cin, cout, kernel, stride, padding, eps=1e-3),
                          nn.ReLU(inplace=True))
 
 
@@ -201,7 +208,7 @@ def inception_v3(*, blocks: Sequence[int] = (3, 4, 2), width: float = 1.0,
 
 # MobileNetV2.
 
-def _make_divisible(value: float, divisor: int = 8) -> int:
+def make_divisible(value: float, divisor: int = 8) -> int:
     """torchvision's channel rounding: to a multiple of 8, never 10% below the target."""
     rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
     return rounded + divisor if rounded < 0.9 * value else rounded
@@ -209,7 +216,7 @@ def _make_divisible(value: float, divisor: int = 8) -> int:
 
 class ConvBNReLU6(nn.Sequential):
     def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1):
-        super().__init__(*_conv_bn(cin, cout, kernel, stride, (kernel - 1) // 2, groups),
+        super().__init__(*conv_bn(cin, cout, kernel, stride, (kernel - 1) // 2, groups),
                          nn.ReLU6(inplace=True))
 
 
@@ -219,7 +226,7 @@ class InvertedResidual(nn.Module):
         hidden = round(cin * expand)
         layers = [ConvBNReLU6(cin, hidden, 1)] if expand != 1 else []
         layers += [ConvBNReLU6(hidden, hidden, 3, stride, groups=hidden),
-                   *_conv_bn(hidden, cout, 1)]
+                   *conv_bn(hidden, cout, 1)]
         self.body = nn.Sequential(*layers)
         self.residual = stride == 1 and cin == cout
 
@@ -235,14 +242,14 @@ class MobileNetV2(nn.Module):
     def __init__(self, repeats: Sequence[int], width: float, last_channel: int,
                  num_classes: int):
         super().__init__()
-        cin = _make_divisible(32 * width)
+        cin = make_divisible(32 * width)
         layers = [ConvBNReLU6(3, cin, 3, 2)]
         for (expand, channels, stride), count in zip(self.STAGES, repeats, strict=True):
-            cout = _make_divisible(channels * width)
+            cout = make_divisible(channels * width)
             for k in range(count):
                 layers.append(InvertedResidual(cin, cout, stride if k == 0 else 1, expand))
                 cin = cout
-        last = _make_divisible(last_channel * max(1.0, width))
+        last = make_divisible(last_channel * max(1.0, width))
         layers.append(ConvBNReLU6(cin, last, 1))
         self.features = nn.Sequential(*layers)
         self.pool = nn.AdaptiveAvgPool2d(1)

@@ -96,7 +96,26 @@ MODELS: dict[str, Recipe] = {
                            dict(depths=(1, 1, 1, 1), hidden_sizes=(16, 32, 40, 64),
                                 decoder_hidden=32, num_labels=10), 512, 64),
     "efficientvit_block": Recipe("dense", "efficientvit_block", {}, dict(channels=32), 32, 16),
+    "resnext50": Recipe("vision", "resnext50_32x4d", {},
+                        dict(blocks=(2, 1, 1, 1), width=8, groups=4, group_width=4,
+                             num_classes=10), 224, 64),
+    "regnet_y_800mf": Recipe("vision", "regnet_y_800mf", {},
+                             dict(depths=(1, 2, 1), widths=(16, 32, 64), group_width=8,
+                                  stem=16, num_classes=10), 224, 64),
+    "res2net50": Recipe("vision", "res2net50_26w_4s", {},
+                        dict(blocks=(2, 1), width=8, split_width=4, num_classes=10), 224, 64),
+    "cspdarknet53": Recipe("vision", "cspdarknet53", {},
+                           dict(depths=(1, 1, 1), width=8, num_classes=10), 256, 64),
+    # A row of zero repeats is left out: the reduced tables keep each kind of block once.
+    "efficientnet_b0": Recipe("vision", "efficientnet_b0", {},
+                              dict(repeats=(1, 1, 2, 0, 0, 0, 0), width=0.25, head=128,
+                                   num_classes=10), 224, 64),
+    "mixnet_s": Recipe("vision", "mixnet_s", {},
+                       dict(repeats=(1, 1, 0, 1, 1, 0, 0, 0, 1, 1, 0), width=0.5, head=128,
+                            num_classes=10), 224, 64),
 }
+# The families of ImageNet classifiers: an RGB image in, logits out.
+CLASSIFIERS = ("cnn", "vision")
 
 
 def export_onnx(name: str, path, *, reduced: bool = False, batch: int = 1,
@@ -108,7 +127,7 @@ def export_onnx(name: str, path, *, reduced: bool = False, batch: int = 1,
     recipe = _recipe(name)
     if dynamic_seq and recipe.family != "transformer":
         raise ValueError(f"dynamic_seq applies to the transformer models, not {name!r}")
-    if dynamic_batch and recipe.family != "cnn":
+    if dynamic_batch and recipe.family not in CLASSIFIERS:
         raise ValueError(f"dynamic_batch applies to the CNN models, not {name!r}")
     from treadle.models import require
     torch = require("torch")
@@ -154,9 +173,9 @@ def _recipe(name: str) -> Recipe:
 
 
 def _image_io(recipe: Recipe, model) -> tuple[str, int, str]:
-    """An image model's input name and channels and its output name: a CNN classifies an
+    """An image model's input name and channels and its output name: a classifier takes an
     RGB image, a dense model (``dense.py``) declares its own."""
-    if recipe.family == "cnn":
+    if recipe.family in CLASSIFIERS:
         return "image", 3, "logits"
     return model.input_name, model.in_channels, model.output_name
 

@@ -74,6 +74,13 @@ class Call:
     def ints(self, values: Sequence[int]) -> Tensor:
         return self.const(np.asarray(list(values), np.int64), dtypes.int64)
 
+    def first_only(self, first: Tensor, rest: str) -> tuple[Tensor, None]:
+        """A two-result op's first result, refused when the graph reads the second (which
+        ``rest`` names: max pooling's indices, attention's log-sum-exp)."""
+        if any(u.target is not operator.getitem or u.args[1] != 0 for u in self.node.users):
+            raise UnsupportedOpError(f"{self.where}: {rest} are not supported")
+        return first, None
+
     def reshape(self, x: Tensor, shape: Sequence[Dim]) -> Tensor:
         """``x`` in PyTorch sizes, where 0 is a size (ONNX's Reshape reads it as 'keep')."""
         return self.op("Reshape", x, self.dims(shape), allowzero=1)
@@ -376,7 +383,7 @@ def _copy(call: Call, x, *args, **kwargs):
     if target is torch.ops.aten.view.dtype and x.dtype != call.dtype:
         raise UnsupportedOpError(f"{call.where}: bit casts are not supported")
     if target is torch.ops.aten._unsafe_view.default:
-        return call.reshape(x, (call.shape))
+        return call.reshape(x, call.shape)
     y = call.tensor(x, call.dtype)
     if target is torch.ops.aten.native_dropout.default:
         return y, call.op("ConstantOfShape", call.dims(call.shape),
@@ -390,7 +397,7 @@ def _copy(call: Call, x, *args, **kwargs):
       "unflatten.int", "squeeze.dim", "squeeze.dims", "squeeze.default", "unsqueeze.default",
       "view_as.default", "reshape_as.default")
 def _reshape(call: Call, x, *args):
-    return call.reshape(x, (call.shape))
+    return call.reshape(x, call.shape)
 
 
 @aten("permute.default")
@@ -421,7 +428,7 @@ def _expand(call: Call, x, *args, **kwargs):
 def _repeat(call: Call, x, repeats):
     extra = len(repeats) - x.rank
     if extra > 0:
-        x = call.reshape(x, ([1] * extra + list(x.shape)))
+        x = call.reshape(x, [1] * extra + list(x.shape))
     return call.op("Tile", x, call.dims([call.importer.dim(r) for r in repeats]))
 
 
@@ -499,12 +506,12 @@ def _select(call: Call, x, dim, index):
 @aten("index_select.default")
 def _index_select(call: Call, x, dim, index):
     # A scalar index selects as a one-element list: the dimension stays.
-    index = call.reshape(index, ([-1])) if index.rank == 0 else index
+    index = call.reshape(index, [-1]) if index.rank == 0 else index
     if x.rank > 0:
         return call.op("Gather", x, index, axis=dim % x.rank)
     # From a scalar as from a one-element vector, giving a scalar.
-    picked = call.op("Gather", call.reshape(x, ([1])), index, axis=0)
-    return call.reshape(picked, (call.shape))
+    picked = call.op("Gather", call.reshape(x, [1]), index, axis=0)
+    return call.reshape(picked, call.shape)
 
 
 @aten("index.Tensor", "_unsafe_index.Tensor")
@@ -538,7 +545,11 @@ def _index(call: Call, x, indices):
 
 @aten("gather.default")
 def _gather(call: Call, x, dim, index, sparse_grad=False):
-    return call.op("GatherElements", x, index, axis=dim % x.rank)
+    if x.rank and index.rank:
+        return call.op("GatherElements", x, index, axis=dim % x.rank)
+    # A scalar gathers as a one-element vector.
+    x, index = (t if t.rank else call.reshape(t, [1]) for t in (x, index))
+    return call.reshape(call.op("GatherElements", x, index, axis=0), call.shape)
 
 
 @aten("embedding.default")
@@ -669,7 +680,7 @@ aten("prod.dim_int", "prod.default")(_reduce("ReduceProd"))
 def _extreme_dim(call: Call, x, dim, keepdim=False):
     biggest = call.node.target is torch.ops.aten.max.dim
     if x.rank == 0:  # a scalar is its own extreme, at index 0
-        x, dim, keepdim = call.reshape(x, ([1])), 0, False
+        x, dim, keepdim = call.reshape(x, [1]), 0, False
     axes = call.ints([dim % x.rank])
     values = call.op("ReduceMax" if biggest else "ReduceMin", x, axes, keepdims=int(keepdim))
     index = call.op("ArgMax" if biggest else "ArgMin", x, axis=dim % x.rank,
@@ -688,9 +699,8 @@ def _extreme(call: Call, x):
 def _arg_extreme(call: Call, x, dim=None, keepdim=False):
     op_type = "ArgMax" if call.node.target is torch.ops.aten.argmax.default else "ArgMin"
     if dim is None or x.rank == 0:  # over every element, the index shaped as the result
-        flat = call.reshape(x, ([-1]))
-        return call.op("Reshape", call.op(op_type, flat, axis=0, keepdims=0),
-                       call.dims(call.shape))
+        flat = call.reshape(x, [-1])
+        return call.reshape(call.op(op_type, flat, axis=0, keepdims=0), call.shape)
     return call.op(op_type, x, axis=dim % x.rank, keepdims=int(keepdim))
 
 
@@ -832,8 +842,7 @@ def _instance_stats(call: Call, x, weight, bias, training, momentum, eps):
     writes instance normalization this way after folding the batch into channels."""
     mean, inv = _moments(call, x, [0] + list(range(2, x.rank)), eps)
     y = _affine(call, call.op("Mul", call.op("Sub", x, mean), inv), weight, bias)
-    flat = call.ints([-1])
-    return y, call.op("Reshape", mean, flat), call.op("Reshape", inv, flat)
+    return y, call.reshape(mean, [-1]), call.reshape(inv, [-1])
 
 
 def _moments(call: Call, x: Tensor, axes: list[int], eps: float) -> tuple[Tensor, Tensor]:
@@ -849,11 +858,11 @@ def _moments(call: Call, x: Tensor, axes: list[int], eps: float) -> tuple[Tensor
 
 def _affine(call: Call, y: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]):
     """``y`` scaled and shifted per channel (its dimension 1) where weights are given."""
-    shape = call.ints([-1] + [1] * (y.rank - 2))
+    shape = [-1] + [1] * (y.rank - 2)
     if weight is not None:
-        y = call.op("Mul", y, call.op("Reshape", weight, shape))
+        y = call.op("Mul", y, call.reshape(weight, shape))
     if bias is not None:
-        y = call.op("Add", y, call.op("Reshape", bias, shape))
+        y = call.op("Add", y, call.reshape(bias, shape))
     return y
 
 
@@ -865,21 +874,25 @@ def _group_norm(call: Call, x, *args):
     else:  # (weight, bias, N, C, HxW, groups, eps)
         weight, bias, groups, eps = args[0], args[1], args[5], args[6]
     # Each group normalised as one instance: rows of [N, G, C/G * spatial].
-    rows = call.reshape(x, ([x.shape[0], groups, -1]))
+    rows = call.reshape(x, [x.shape[0], groups, x.shape[1] // groups * math.prod(x.shape[2:])])
     ones, zeros = (call.const(np.full(groups, v), x.dtype) for v in (1.0, 0.0))
     normal = call.op("InstanceNormalization", rows, ones, zeros, epsilon=float(eps))
-    y = _affine(call, call.reshape(normal, (list(x.shape))), weight, bias)
+    y = _affine(call, call.reshape(normal, list(x.shape)), weight, bias)
     if call.node.target._opname == "group_norm":
         return y
     # The statistics per [N, G] (dropped with the graph's unread tensors when unused).
     mean, inv = _moments(call, rows, [2], eps)
-    stats = call.dims(list(x.shape[:1]) + [groups])
-    return y, call.op("Reshape", mean, stats), call.op("Reshape", inv, stats)
+    stats = [x.shape[0], groups]
+    return y, call.reshape(mean, stats), call.reshape(inv, stats)
 
 
 def _softmax_like(op_type: str):
     def convert(call: Call, x, dim, *rest, **kwargs):
-        return call.op(op_type, call.tensor(x, call.dtype), axis=dim % max(x.rank, 1))
+        x = call.tensor(x, call.dtype)
+        if x.rank:
+            return call.op(op_type, x, axis=dim % x.rank)
+        # A scalar as a one-element vector.
+        return call.reshape(call.op(op_type, call.reshape(x, [1]), axis=0), [])
     return convert
 
 
@@ -912,6 +925,15 @@ def _attention(call: Call, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=Fal
     return call.op("Attention", *inputs, **attrs)
 
 
+@aten("_scaled_dot_product_flash_attention_for_cpu.default")
+def _cpu_flash_attention(call: Call, q, k, v, dropout_p=0.0, is_causal=False, *,
+                         attn_mask=None, scale=None):
+    """The kernel AOTAutograd picks for 4-D attention on CPU; its second result, the
+    log-sum-exp per query, serves training."""
+    y = _attention(call, q, k, v, attn_mask, dropout_p, is_causal, scale=scale)
+    return call.first_only(y, "attention's log-sum-exp results")
+
+
 # ---- pooling and resampling ------------------------------------------------------------
 
 @aten("max_pool2d.default", "max_pool1d.default", "max_pool3d.default",
@@ -924,7 +946,9 @@ def _max_pool(call: Call, x, kernel, stride=(), padding=0, dilation=1, ceil_mode
     y = _batched(call, x, lambda b: call.op(
         "MaxPool", b, kernel_shape=kernel, strides=stride, pads=pads + pads,
         dilations=_window(dilation, spatial), ceil_mode=int(ceil_mode)))
-    return _without_indices(call, y) if "with_indices" in call.node.target._opname else y
+    if "with_indices" in call.node.target._opname:
+        return call.first_only(y, "max pooling indices")
+    return y
 
 
 @aten("avg_pool2d.default", "avg_pool1d.default", "avg_pool3d.default")
@@ -956,14 +980,34 @@ def _adaptive_pool(call: Call, x, output_size):
     if all(o == 1 for o in out):
         y = _batched(call, x, lambda b: call.op(
             "GlobalMaxPool" if biggest else "GlobalAveragePool", b))
-        return _without_indices(call, y) if biggest else y
-    if not all(isinstance(s, int) and s % o == 0 for s, o in zip(spatial, out)):
-        raise UnsupportedOpError(f"{call.where}: adaptive pooling of {spatial} to {out} "
-                                 "(only divisible sizes are)")
+        return call.first_only(y, "max pooling indices") if biggest else y
+    if not all(isinstance(s, int) for s in spatial):
+        raise UnsupportedOpError(f"{call.where}: adaptive pooling of symbolic sizes {spatial}")
+    if any(s % o for s, o in zip(spatial, out)):
+        if biggest:
+            raise UnsupportedOpError(f"{call.where}: adaptive max pooling of {spatial} to "
+                                     f"{out} (only divisible sizes are)")
+        return _uneven_average(call, x, spatial, out)
     kernel = [s // o for s, o in zip(spatial, out)]
     y = _batched(call, x, lambda b: call.op(
         "MaxPool" if biggest else "AveragePool", b, kernel_shape=kernel, strides=kernel))
-    return _without_indices(call, y) if biggest else y
+    return call.first_only(y, "max pooling indices") if biggest else y
+
+
+def _uneven_average(call: Call, x: Tensor, spatial: list[int], out: list[int]) -> Tensor:
+    """Adaptive average pooling whose windows differ in size, one dimension at a time (a
+    box's mean is the mean of its rows' means) as products with constant weights: the
+    last dimension as x @ W, the one before (2-D pooling) as W^T @ x."""
+    for k, (size, count) in enumerate(zip(spatial, out)):
+        weights = np.zeros((size, count))
+        for i in range(count):  # PyTorch's window i: floor(i*size/count) to the ceiling
+            start, end = i * size // count, -(-(i + 1) * size // count)
+            weights[start:end, i] = 1 / (end - start)
+        if k == len(spatial) - 1:
+            x = call.op("MatMul", x, call.const(weights, x.dtype))
+        else:
+            x = call.op("MatMul", call.const(weights.T, x.dtype), x)
+    return x
 
 
 def _spatial(call: Call) -> int:
@@ -977,13 +1021,6 @@ def _batched(call: Call, x: Tensor, pool: Callable[[Tensor], Tensor]) -> Tensor:
     if x.rank > _spatial(call) + 1:
         return pool(x)
     return call.op("Squeeze", pool(call.op("Unsqueeze", x, call.ints([0]))), call.ints([0]))
-
-
-def _without_indices(call: Call, y: Tensor) -> tuple[Tensor, None]:
-    """A max pool's values, refused when the graph also reads the indices."""
-    if any(u.target is not operator.getitem or u.args[1] != 0 for u in call.node.users):
-        raise UnsupportedOpError(f"{call.where}: max pooling indices are not supported")
-    return y, None
 
 
 @aten("upsample_nearest2d.vec", "upsample_nearest2d.default", "upsample_nearest1d.vec",

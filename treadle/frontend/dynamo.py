@@ -26,7 +26,7 @@ import torch.fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from treadle.errors import TreadleError
+from treadle.errors import TreadleError, UnsupportedOpError
 
 OPTIONS = ("tune", "orchestrate", "dynamic")
 
@@ -177,8 +177,13 @@ def _compile_piece(piece: torch.fx.GraphModule, constants: Mapping[str, torch.Te
         model = treadle.compile(graph, tune=options.get("tune", 0),
                                 orchestrate=options.get("orchestrate", False),
                                 dynamic=dynamic)
-    except TreadleError as err:
+    except UnsupportedOpError as err:
         warnings.warn(f"treadle runs part of the graph in eager: {err}", stacklevel=4)
+        return piece
+    except TreadleError as err:  # a fault of treadle's, not of the model: say so
+        warnings.warn(f"treadle runs part of the graph in eager after an internal error, "
+                      f"which is a treadle bug worth reporting: {type(err).__name__}: {err}",
+                      stacklevel=4)
         return piece
     return _Piece(model, piece, constants)
 

@@ -104,8 +104,13 @@ def size_expr(expr, names: Mapping[str, str]) -> Dim:
 def as_dim(value, names: Mapping[str, str]) -> Dim:
     """An int or SymInt as a treadle dimension."""
     if isinstance(value, torch.SymInt):
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
         constant_value = value.node.maybe_as_int()
-        return constant_value if constant_value is not None else size_expr(value.node.expr, names)
+        if constant_value is not None:
+            return constant_value
+        if free_unbacked_symbols(value):  # no input's shape would give it at run time
+            raise UnsupportedOpError(f"size {value} is computed from a tensor's contents")
+        return size_expr(value.node.expr, names)
     if isinstance(value, (bool, torch.SymBool, torch.SymFloat)):
         raise UnsupportedOpError(f"symbolic value {value} is not a size")
     return int(value)

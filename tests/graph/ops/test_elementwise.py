@@ -197,3 +197,10 @@ def test_max_min_relu_and_clip_propagate_nan():
             np.minimum(np.minimum(vc, vb), va), np.maximum(va, 0), np.clip(vb, -1, 1)]
     for k, (actual, ref) in enumerate(zip(got, refs)):
         np.testing.assert_array_equal(actual, ref, err_msg=f"output {k}")
+
+
+@pytest.mark.parametrize("op", ["Not", "BitwiseNot"])
+def test_complementing_floats_is_a_dtype_error(op):
+    from treadle import ops
+    with pytest.raises(DTypeError, match="bool or integer"):
+        ops.op(op, ops.input("x", "float32", [3]))

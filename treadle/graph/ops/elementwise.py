@@ -10,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 
+from treadle.errors import DTypeError
 from treadle.graph.operator import OpContext, register
 from treadle.graph.ops.common import (broadcast_load, broadcast_shape, normalize_axis,
                                       onnx_dtype, same_dtype)
@@ -22,6 +23,12 @@ from treadle.ir.expr import (Buffer, Const, Expr, as_expr, call, cast, eq, logic
 
 def _c(value, like: Expr) -> Const:
     return Const(value, like.dtype)
+
+
+def _bits_only(fn: Callable) -> Callable:
+    """Marks an op of bool or integer inputs (complementing bits means nothing for floats)."""
+    fn.bits_only = True
+    return fn
 
 
 def _float_only(fn: Callable) -> Callable:
@@ -77,7 +84,7 @@ UNARY: dict[str, Callable] = {
     "Abs": lambda x, a: call("abs", x),
     "Sign": lambda x, a: _sign(x),
     "Identity": lambda x, a: x,
-    "Not": lambda x, a: ~x,
+    "Not": _bits_only(lambda x, a: ~x),
     "Exp": _float_only(lambda x, a: call("exp", x)),
     "Log": _float_only(lambda x, a: call("log", x)),
     "Sqrt": _float_only(lambda x, a: call("sqrt", x)),
@@ -107,7 +114,7 @@ UNARY: dict[str, Callable] = {
     # NaN is the one value unequal to itself (kernels keep IEEE semantics, no fast-math).
     "IsNaN": _float_only(lambda x, a: ne(x, x)),
     "IsInf": _float_only(_is_inf),
-    "BitwiseNot": lambda x, a: ~x,
+    "BitwiseNot": _bits_only(lambda x, a: ~x),
     **{op: _float_only(lambda x, a, f=op.lower(): call(f, x))
        for op in ("Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh")},
 }
@@ -196,6 +203,8 @@ def _define_unary(op: str, fn: Callable):
         x = ctx.input(0)
         if getattr(fn, "float_only", False) and not x.dtype.is_float:
             raise ctx.error(f"needs a float input, got {x.dtype}")
+        if getattr(fn, "bits_only", False) and x.dtype.is_float:
+            raise ctx.error(f"needs a bool or integer input, got {x.dtype}", DTypeError)
         return [compute("y", x.shape, lambda *i: _in_float32(lambda v: fn(v, ctx.attrs), x[i]))]
     register(op)(define)
 

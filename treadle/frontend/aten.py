@@ -475,18 +475,16 @@ def _chunk(call: Call, x, *args):
     return [call.op("Squeeze", p, call.ints([dim])) for p in parts]
 
 
-def _bound(value, size: Dim) -> Dim:
-    """A slice bound as ONNX reads it: PyTorch's 'to the end' is INT64_MAX or None."""
-    if value is None:
-        return INT64_MAX
-    return value
+def _bound(value) -> Dim:
+    """A slice's end as ONNX reads it: PyTorch's 'to the end' is INT64_MAX or None."""
+    return INT64_MAX if value is None else value
 
 
 @aten("slice.Tensor")
 def _slice(call: Call, x, dim=0, start=None, end=None, step=1):
     dim %= x.rank
     start = 0 if start is None else start
-    return call.op("Slice", x, call.dims([start]), call.dims([_bound(end, x.shape[dim])]),
+    return call.op("Slice", x, call.dims([start]), call.dims([_bound(end)]),
                    call.ints([dim]), call.ints([step]))
 
 

@@ -86,3 +86,26 @@ def test_padded_convolution_reads_a_padded_copy(pads, group, split):
     out = canonicalize(graph)
     assert op_types(out) == (["Pad", "Conv"] if split else ["Conv"])
     same_outputs(graph, out, random_array((1, 3, 8, 11), seed=9))
+
+
+@pytest.mark.parametrize("tanh_first", [False, True])
+def test_softplus_tanh_product_becomes_mish(tanh_first):
+    x = Tensor("x", "float32", (3, 257))
+    t = apply("Tanh", [apply("Softplus", [x])[0]])[0]
+    y = apply("Mul", [t, x] if tanh_first else [x, t])[0]
+    graph = Graph.from_outputs([x], [y])
+    after = canonicalize(graph)
+    assert op_types(after) == ["Mish"]
+    # Against the float64 definition over the range where each branch matters.
+    data = np.linspace(-40, 40, 3 * 257, dtype=np.float32).reshape(3, 257)
+    (got,) = compile_graph(after)(data)
+    wide = data.astype(np.float64)
+    expected = wide * np.tanh(np.log1p(np.exp(wide)))
+    np.testing.assert_allclose(got, expected, rtol=4e-7, atol=1e-30)
+
+
+def test_softplus_tanh_of_another_tensor_stays():
+    x, z = Tensor("x", "float32", (4,)), Tensor("z", "float32", (4,))
+    t = apply("Tanh", [apply("Softplus", [z])[0]])[0]
+    graph = Graph.from_outputs([x, z], [apply("Mul", [x, t])[0]])
+    assert "Mish" not in op_types(canonicalize(graph))

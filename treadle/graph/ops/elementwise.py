@@ -45,6 +45,15 @@ def _softplus(x):
     return select(x > _c(20.0, x), x, call("log", _c(1.0, x) + call("exp", x)))
 
 
+def _mish(x):
+    # x tanh(log(1 + e)) = x n / (n + 2) with n = e (e + 2), e = exp(x): exact algebra,
+    # one exponential (vectorised, unlike libm's log). Above 20 it is x to float32
+    # precision, and n would overflow further up.
+    e = call("exp", x)
+    n = e * (e + _c(2.0, x))
+    return select(x > _c(20.0, x), x, x * n / (n + _c(2.0, x)))
+
+
 def _gelu_erf(x):
     return _c(0.5, x) * x * (_c(1.0, x) + call("erf", x * _c(0.7071067811865476, x)))
 
@@ -106,7 +115,7 @@ UNARY: dict[str, Callable] = {
     "HardSigmoid": _float_only(lambda x, a: maximum(_c(0.0, x), minimum(_c(1.0, x), x * _c(a.get("alpha", 0.2), x) + _c(a.get("beta", 0.5), x)))),
     "HardSwish": _float_only(lambda x, a: x * maximum(_c(0.0, x), minimum(_c(1.0, x), x * _c(1 / 6, x) + _c(0.5, x)))),
     "ThresholdedRelu": _float_only(lambda x, a: select(x > _c(a.get("alpha", 1.0), x), x, _c(0.0, x))),
-    "Mish": _float_only(lambda x, a: x * call("tanh", _softplus(x))),
+    "Mish": _float_only(lambda x, a: _mish(x)),
     "Gelu": _float_only(lambda x, a: _gelu_tanh(x) if a.get("approximate", "none") == "tanh" else _gelu_erf(x)),
     "Celu": _float_only(lambda x, a: _celu(x, a.get("alpha", 1.0))),
     "Swish": _float_only(lambda x, a: x * _sigmoid(x * _c(a.get("alpha", 1.0), x))),

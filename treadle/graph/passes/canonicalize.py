@@ -10,6 +10,7 @@
   (Pad, then Conv without pads): the copy costs one pass over the input, while checking
   bounds at every one of the kernel-size-many reads of each input element in the GEMM's
   packing doubled the cost of ResNet's 3x3 convolutions;
+* ``x * tanh(softplus(x))`` is Mish;
 * a gather or scatter reads indices computed at run time through ``CheckIndices``, which
   fails on one out of range; known indices are checked here.
 """
@@ -173,6 +174,23 @@ def _check_known(known: np.ndarray, data: Tensor, attrs: dict) -> None:
             raise ModelError(out_of_range(attrs, int(bad[0]), j, size))
 
 
+def _mish(node: Operator, inputs: list, readers) -> Optional[Sequence[Tensor]]:
+    """``x * tanh(softplus(x))``, as exporters write Mish before opset 18, is Mish: one
+    exponential per element instead of an exponential, a logarithm and a tanh (the
+    logarithm, a libm call, also kept the kernel from vectorising)."""
+    if len(inputs) != 2:
+        return None
+    for x, other in (inputs, inputs[::-1]):
+        tanh = other.producer if other is not None else None
+        if tanh is None or tanh.op_type != "Tanh":
+            continue
+        softplus = tanh.inputs[0].producer
+        if softplus is not None and softplus.op_type == "Softplus" \
+                and softplus.inputs[0] is x:
+            return [apply("Mish", [x], {}, node.name)[0]]
+    return None
+
+
 RULES: dict[str, Rule] = {
     "Identity": _forward,
     "Dropout": _forward,
@@ -184,6 +202,7 @@ RULES: dict[str, Rule] = {
     "Gemm": _gemm,
     "BatchNormalization": _batch_norm,
     "Conv": _conv_padding,
+    "Mul": _mish,
     "Gather": _check_indices,
     "GatherElements": _check_indices,
     "GatherND": _check_indices,

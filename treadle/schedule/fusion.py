@@ -27,7 +27,7 @@ from treadle.errors import TreadleError
 from treadle.graph.operator import Operator
 from treadle.graph.kernel_plan import KernelPlan, single
 from treadle.graph.partition import Padding, element_map, is_view, padding_of
-from treadle.graph.tensor import Dim, Tensor
+from treadle.graph.tensor import Dim, Tensor, normalize_dim
 from treadle.ir.compute import Compute, reachable
 from treadle.ir.dtypes import index_type
 from treadle.ir.expr import Buffer, Expr, Load, Var, as_expr
@@ -195,10 +195,28 @@ def _apply_epilogues(body: Stmt, plan: KernelPlan, buffers: _TensorBuffers) -> S
 
 def _view_index(index: Sequence[Expr], source: Sequence[Dim], out: Sequence[Dim]) -> tuple:
     """Where a view (a row-major reinterpretation) puts its source's element at
-    ``index``. A rank-0 source ravels to the int 0, which must become an expression, and a
-    rank-0 view has the empty index."""
-    flat = as_expr(ravel(index, source))
-    return tuple(as_expr(i) for i in unravel(flat, out)) if out else ()
+    ``index``. Dimensions the two shapes share at either end keep their index: only the
+    middle is raveled and unraveled, since a whole-index ravel leaves remainders and
+    quotients the simplifier cannot always remove (a grouped convolution's G x M/G
+    channels viewed as M stored through ``% 240`` and ``// 240`` per element). A rank-0
+    middle ravels to the int 0, which must become an expression."""
+    head = 0
+    while head < min(len(source), len(out)) and _same_dim(source[head], out[head]):
+        head += 1
+    tail = 0
+    while tail < min(len(source), len(out)) - head and \
+            _same_dim(source[-1 - tail], out[-1 - tail]):
+        tail += 1
+    middle = slice(head, len(source) - tail)
+    flat = as_expr(ravel(index[middle], source[middle]))
+    inner = out[head:len(out) - tail]
+    moved = tuple(as_expr(i) for i in unravel(flat, inner)) if inner else ()
+    return (*(as_expr(i) for i in index[:head]), *moved,
+            *(as_expr(i) for i in index[len(source) - tail:]))
+
+
+def _same_dim(a: Dim, b: Dim) -> bool:
+    return normalize_dim(a) == normalize_dim(b)  # expressions compare structurally
 
 
 def _fresh_names(plan: KernelPlan) -> Iterator[str]:

@@ -19,7 +19,6 @@ still running after the timeout is killed and counted as failed. Each case ends 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import re
@@ -28,12 +27,13 @@ import threading
 import time
 import warnings
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-PASSED, FAILED, UNSUPPORTED = "passed", "failed", "unsupported"
+from bench.suites import FAILED, PASSED, UNSUPPORTED, finish, first_line
+
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-3, 1e-7
 BFLOAT16_RTOL = 2 ** -6
 
@@ -94,9 +94,9 @@ def run_case(case: Case) -> Outcome:
     try:
         rep = TreadleBackend.prepare(onnx.load_from_string(case.model))
     except UnsupportedOpError as err:
-        return Outcome(case.name, UNSUPPORTED, _first_line(err))
+        return Outcome(case.name, UNSUPPORTED, first_line(err))
     except Exception as err:  # noqa: BLE001  (any other exception is a treadle bug)
-        return Outcome(case.name, FAILED, f"{type(err).__name__}: {_first_line(err)}")
+        return Outcome(case.name, FAILED, f"{type(err).__name__}: {first_line(err)}")
     for k, (inputs, expected) in enumerate(case.data_sets):
         try:
             if case.name in AS_ONNXRUNTIME:
@@ -104,9 +104,9 @@ def run_case(case: Case) -> Outcome:
             outputs = rep.run([_array(v) for v in inputs])
             problem = compare(list(outputs), [_array(v) for v in expected], case.rtol, case.atol)
         except UnsupportedOpError as err:
-            return Outcome(case.name, UNSUPPORTED, _first_line(err))
+            return Outcome(case.name, UNSUPPORTED, first_line(err))
         except Exception as err:  # noqa: BLE001
-            problem = f"{type(err).__name__}: {_first_line(err)}"
+            problem = f"{type(err).__name__}: {first_line(err)}"
         if problem:
             return Outcome(case.name, FAILED, f"data set {k}: {problem}")
     return Outcome(case.name, PASSED, AS_ONNXRUNTIME.get(case.name, ""))
@@ -157,10 +157,6 @@ def compare(outputs: Sequence[np.ndarray], expected: Sequence[np.ndarray], rtol:
             return f"output {k}: " + "; ".join(lines[1:4])
     return ""
 
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return (lines[0] if lines else type(err).__name__)[:400]
 
 
 # ---- worker processes ----------------------------------------------------------------------
@@ -284,10 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcomes = run_all(node_cases(args.filter), args.jobs, args.timeout,
                        progress=sys.stderr.isatty())
     print(report(outcomes, time.perf_counter() - start, args.verbose))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([asdict(o) for o in outcomes], f, indent=1)
-    return 1 if any(o.status == FAILED for o in outcomes) else 0
+    return finish(outcomes, args.json)
 
 
 if __name__ == "__main__":

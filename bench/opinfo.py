@@ -26,19 +26,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 import warnings
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 from unittest import mock
 
 import torch
 from torch.utils import _pytree as pytree
 
-PASSED, FAILED, UNSUPPORTED, SKIPPED = "passed", "failed", "unsupported", "skipped"
+from bench.suites import FAILED, PASSED, SKIPPED, UNSUPPORTED, finish, first_line
+
 DEFAULT_SAMPLES = 4
 # Ops whose results are uninitialised memory: only their shape and dtype are compared.
 UNDEFINED_VALUES = {"empty", "empty_like", "new_empty", "empty_strided", "empty_permuted"}
@@ -197,15 +197,15 @@ def run_sample(op, sample, index: int, tol: dict[str, float]) -> SampleOutcome:
             warnings.simplefilter("ignore")  # eager's own deprecation notes
             expected = _run(function, tensors)
     except Exception as err:  # noqa: BLE001
-        return SampleOutcome(index, SKIPPED, f"eager refuses it: {_first_line(err)}")
+        return SampleOutcome(index, SKIPPED, f"eager refuses it: {first_line(err)}")
     if not aten_ops(function, tensors):
         return SampleOutcome(index, SKIPPED, "no ATen operator")
     try:
         actual, fallback = _through_backend(function, tensors)
     except torch._dynamo.exc.Unsupported as err:
-        return SampleOutcome(index, UNSUPPORTED, f"dynamo: {_first_line(err)}")
+        return SampleOutcome(index, UNSUPPORTED, f"dynamo: {first_line(err)}")
     except Exception as err:  # noqa: BLE001  (anything else is a treadle bug)
-        return SampleOutcome(index, FAILED, f"{type(err).__name__}: {_first_line(err)}")
+        return SampleOutcome(index, FAILED, f"{type(err).__name__}: {first_line(err)}")
     problem = compare(actual, expected, tol, values=op.name not in UNDEFINED_VALUES)
     if problem:
         return SampleOutcome(index, FAILED, problem + (f" ({fallback})" if fallback else ""))
@@ -241,10 +241,6 @@ def compare(actual: Any, expected: Any, tol: dict[str, float], values: bool = Tr
         return "; ".join(lines[:4])
     return ""
 
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return (lines[0] if lines else type(err).__name__)[:300]
 
 
 # ---- running ops ----------------------------------------------------------------------------
@@ -303,10 +299,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ops = [op for op in ops if claims(op, samples(op, args.samples))]
     outcomes = run_all(ops, args.samples, progress=sys.stderr.isatty())
     print(report(outcomes, time.perf_counter() - start, args.verbose))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([asdict(o) for o in outcomes], f, indent=1)
-    return 1 if any(o.status == FAILED for o in outcomes) else 0
+    return finish(outcomes, args.json)
 
 
 if __name__ == "__main__":

@@ -35,8 +35,6 @@ from treadle.compiler import compile_graph
 from treadle.errors import ModelError, NeedsValueError
 from treadle.graph.graph import Graph
 from treadle.graph.passes.infer_shapes import infer_shapes
-from treadle.ir.expr import as_expr
-from treadle.ir.functor import free_vars
 from treadle.runtime import pool
 from treadle.runtime.executor import Executable, Step
 from treadle.runtime.module import load as load_library
@@ -168,7 +166,7 @@ def _compile(model, name: str | None, tune: int | str, shapes, ranges, strategy:
 
 
 def _check_symbols(graph: Graph, ranges: Mapping) -> None:
-    symbols = {v.name for t in graph.inputs for d in t.shape for v in free_vars(as_expr(d))}
+    symbols = graph.symbols
     unknown = sorted(set(ranges) - symbols)
     if unknown:
         raise ValueError(f"dynamic names {', '.join(map(repr, unknown))}, which no input of "

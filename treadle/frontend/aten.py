@@ -20,6 +20,7 @@ import torch
 from treadle.errors import TreadleError, UnsupportedOpError
 from treadle.frontend.torch import CHECKS, Importer, numpy_of, torch_dtype
 from treadle.graph.operator import apply
+from treadle.graph.ops.shape import dims_tensor
 from treadle.graph.tensor import Dim, Tensor, constant
 from treadle.ir import dtypes
 from treadle.ir.dtypes import DataType
@@ -87,9 +88,9 @@ class Call:
 
     def dims(self, dims: Sequence[Dim]) -> Tensor:
         """Sizes as an int64 vector, symbolic ones through the Dims operator."""
-        if all(isinstance(d, int) for d in dims):
-            return self.ints(dims)
-        return self.op("Dims", dims=list(dims))
+        name = f"{self.node.name}/{self.count}"
+        self.count += 1
+        return dims_tensor(list(dims), name)
 
     def tensor(self, value, dtype: DataType) -> Tensor:
         """A tensor argument cast to ``dtype``, or a Python number as a constant of it."""
@@ -126,13 +127,13 @@ def convert_node(importer: Importer, node: torch.fx.Node):
     if node.target is operator.getitem:
         return importer.arg(node.args[0])[node.args[1]]
     value = node.meta.get("val")
-    if isinstance(value, (torch.SymInt, int)) and not isinstance(value, bool) \
-            and not isinstance(node.target, torch._ops.OpOverload) or \
-            node.target is torch.ops.aten.sym_size.int:
-        return importer.dim(value)  # size arithmetic, already evaluated by the tracer
-    if isinstance(value, (torch.SymBool, torch.SymFloat, bool)) and \
-            not isinstance(node.target, torch._ops.OpOverload):
-        return None  # a guard's condition, read only by checks
+    if not isinstance(node.target, torch._ops.OpOverload) \
+            or node.target is torch.ops.aten.sym_size.int:
+        # Size arithmetic, already evaluated by the tracer, or a guard's condition, which
+        # only checks read.
+        if isinstance(value, (torch.SymInt, int)) and not isinstance(value, bool):
+            return importer.dim(value)
+        return None
     if getattr(node.target, "_opname", None) in CHECKS:
         return None
     convert = TABLE.get(node.target) or _custom_converter(node.target)
@@ -297,14 +298,13 @@ def _hardsigmoid(call: Call, x):
 
 @aten("softplus.default")
 def _softplus(call: Call, x, beta=1.0, threshold=20.0):
-    if beta != 1.0:
-        x = call.op("Mul", x, call.const(beta, call.dtype))
-    y = call.op("Softplus", x)
+    scaled = x if beta == 1.0 else call.op("Mul", x, call.const(beta, call.dtype))
+    y = call.op("Softplus", scaled)
     if beta != 1.0:
         y = call.op("Div", y, call.const(beta, call.dtype))
-    # Above the threshold PyTorch returns the input itself.
-    return call.op("Where", call.op("Greater", x, call.const(threshold, call.dtype)),
-                   x if beta == 1.0 else call.op("Div", x, call.const(beta, call.dtype)), y)
+    # Where beta * x passes the threshold PyTorch returns the input itself.
+    return call.op("Where", call.op("Greater", scaled, call.const(threshold, call.dtype)),
+                   x, y)
 
 
 @aten("clamp.default", "clamp_.default", "clamp.Tensor", "hardtanh.default",
@@ -378,10 +378,9 @@ def _copy(call: Call, x, *args, **kwargs):
     if target is torch.ops.aten.copy.default:
         x = args[0]  # copy(self, src): the result holds src in self's dtype and shape
         x = call.op("Expand", x, call.dims(call.shape))
-    if target is torch.ops.aten.view.dtype and x.dtype.bits != call.dtype.bits:
-        raise UnsupportedOpError(f"{call.where}: reinterpreting {x.dtype} as {call.dtype}")
     if target is torch.ops.aten.view.dtype and x.dtype != call.dtype:
-        raise UnsupportedOpError(f"{call.where}: bit casts are not supported")
+        raise UnsupportedOpError(f"{call.where}: reinterpreting {x.dtype} as {call.dtype} "
+                                 "(a bit cast) is not supported")
     if target is torch.ops.aten._unsafe_view.default:
         return call.reshape(x, call.shape)
     y = call.tensor(x, call.dtype)
@@ -461,17 +460,15 @@ def _split_tensor(call: Call, x, size, dim=0):
     return _split(call, x, sizes, dim % x.rank)
 
 
-@aten("chunk.default", "unbind.int")
-def _chunk(call: Call, x, *args):
-    dim = args[-1] if call.node.target is torch.ops.aten.chunk.default and len(args) > 1 \
-        else (args[0] if call.node.target is not torch.ops.aten.chunk.default and args else 0)
+@aten("chunk.default")
+def _chunk(call: Call, x, chunks, dim=0):
+    return _split_tensor(call, x, chunks, dim)
+
+
+@aten("unbind.int")
+def _unbind(call: Call, x, dim=0):
     dim %= x.rank
-    outputs = call.node.meta["val"]
-    sizes = [call.importer.shape(v)[dim] if call.node.target is torch.ops.aten.chunk.default
-             else 1 for v in outputs]
-    parts = _split(call, x, sizes, dim)
-    if call.node.target is torch.ops.aten.chunk.default:
-        return parts
+    parts = _split(call, x, [1] * len(call.node.meta["val"]), dim)
     return [call.op("Squeeze", p, call.ints([dim])) for p in parts]
 
 
@@ -790,17 +787,12 @@ def _ones_if_none(call: Call, value: Optional[Tensor], size: Dim, fill: float) -
 
 @aten("native_layer_norm.default", "layer_norm.default")
 def _layer_norm(call: Call, x, shape, weight=None, bias=None, eps=1e-5, *rest):
-    axis = x.rank - len(shape)
-    size = math.prod(shape) if all(isinstance(d, int) for d in shape) else None
-    if weight is None and size is not None:
+    if weight is None and all(isinstance(d, int) for d in shape):
         weight = call.const(np.ones(shape), call.dtype)
     outputs = 3 if call.node.target._opname == "native_layer_norm" else 1
-    results = call.op("LayerNormalization", x, weight, bias, axis=axis, epsilon=float(eps),
-                      outputs=outputs)
-    if outputs == 1:
-        return results
-    y, mean, inv_std = results
-    return y, mean, inv_std
+    results = call.op("LayerNormalization", x, weight, bias, axis=x.rank - len(shape),
+                      epsilon=float(eps), outputs=outputs)
+    return results if outputs == 1 else tuple(results)  # (y, mean, 1 / std)
 
 
 @aten("_native_batch_norm_legit_no_training.default", "batch_norm.default",

@@ -157,8 +157,7 @@ def split_and_compile(gm: torch.fx.GraphModule, static: set[int], args: Sequence
                       options: Mapping) -> Callable:
     """The graph with its supported parts compiled by treadle; ``args`` are the first
     call's arguments, of which those at ``static`` positions become constants."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    frozen = {p.name: args[k] for k, p in enumerate(placeholders) if k in static}
+    frozen = {p.name: args[k] for k, p in enumerate(_placeholders(gm)) if k in static}
     partitioner = CapabilityBasedPartitioner(gm, _Supported(), allows_single_node_partition=True)
     partitions = partitioner.propose_partitions()
     _warn_unsupported(gm, {n for p in partitions for n in p.nodes})
@@ -215,10 +214,7 @@ def _ranges(graph, dynamic) -> Optional[dict]:
     """The backend's one ``dynamic`` option given to every symbol of the graph."""
     if dynamic is None:
         return None
-    from treadle.ir.expr import as_expr
-    from treadle.ir.functor import free_vars
-    symbols = {v.name for t in graph.inputs for d in t.shape for v in free_vars(as_expr(d))}
-    return {s: dynamic for s in sorted(symbols)} or None
+    return {s: dynamic for s in sorted(graph.symbols)} or None
 
 
 class _Piece(torch.nn.Module):
@@ -229,11 +225,9 @@ class _Piece(torch.nn.Module):
     def __init__(self, model, piece: torch.fx.GraphModule, constants: Mapping):
         super().__init__()
         self.model = model
-        kinds = []
-        for node in _placeholders(piece):
-            value = node.meta.get("val")
-            kinds.append(node.name not in constants and isinstance(value, torch.Tensor))
-        self.tensor_positions = [k for k, is_tensor in enumerate(kinds) if is_tensor]
+        self.tensor_positions = [
+            k for k, node in enumerate(_placeholders(piece))
+            if node.name not in constants and isinstance(node.meta.get("val"), torch.Tensor)]
         out = next(n for n in piece.graph.nodes if n.op == "output").args[0]
         self.returns_tuple = isinstance(out, (tuple, list))
         results = out if self.returns_tuple else [out]

@@ -8,6 +8,8 @@ from typing import Sequence
 from treadle.errors import ShapeError
 from treadle.graph.operator import Operator
 from treadle.graph.tensor import Tensor
+from treadle.ir.expr import as_expr
+from treadle.ir.functor import free_vars
 
 
 @dataclass(eq=False)
@@ -21,6 +23,11 @@ class Graph:
     def from_outputs(inputs: Sequence[Tensor], outputs: Sequence[Tensor],
                      name: str = "graph") -> Graph:
         return Graph(tuple(inputs), tuple(outputs), topological_order(inputs, outputs), name)
+
+    @property
+    def symbols(self) -> set[str]:
+        """Names of the symbols in the inputs' dimensions (bound at each call)."""
+        return {v.name for t in self.inputs for d in t.shape for v in free_vars(as_expr(d))}
 
     @property
     def tensors(self) -> list[Tensor]:

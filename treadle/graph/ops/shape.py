@@ -21,10 +21,10 @@ from typing import Sequence
 import numpy as np
 
 from treadle.errors import UnsupportedOpError
-from treadle.graph.operator import OpContext, register
+from treadle.graph.operator import OpContext, apply, register
 from treadle.graph.ops.common import onnx_dtype, same_dtype
 from treadle.graph.ops.transform import known_scalar, simplify_dim
-from treadle.graph.tensor import num_elements
+from treadle.graph.tensor import Tensor, constant, num_elements
 from treadle.ir import dtypes
 from treadle.ir.compute import compute
 from treadle.ir.dtypes import DataType, dtype_of
@@ -64,6 +64,13 @@ def dims_op(ctx: OpContext):
     ``SymInt``) hand them to Reshape, Expand and ConstantOfShape this way."""
     dims = list(ctx.required_attr("dims"))
     return [compute("dims", [len(dims)], lambda i: pick(dims, i, dtypes.int64))]
+
+
+def dims_tensor(dims: Sequence, name: str) -> Tensor:
+    """Sizes as an int64 vector: a constant, or a Dims node where one is symbolic."""
+    if all(isinstance(d, int) for d in dims):
+        return constant(np.array(dims, np.int64), name)
+    return apply("Dims", [], {"dims": list(dims)}, name)[0]
 
 
 @register("Size")

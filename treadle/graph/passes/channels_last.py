@@ -25,6 +25,7 @@ import numpy as np
 from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator, apply
 from treadle.graph.ops.elementwise import ELEMENTWISE
+from treadle.graph.ops.shape import dims_tensor
 from treadle.graph.ops.transform import transpose_perm
 from treadle.graph.rewrite import rewrite_graph
 from treadle.graph.tensor import Tensor, constant
@@ -101,7 +102,7 @@ def _grouped_layer(node: Operator, x: Tensor, rest: list) -> Tensor:
     """The grouped convolution as ChannelsLastGroupConv, whose N x spatial x G x M/G
     result is viewed as N x spatial x M."""
     group, weight = int(node.attrs["group"]), rest[0].data
-    m, per_group = weight.shape[0], weight.shape[0] // int(node.attrs["group"])
+    m, per_group = weight.shape[0], weight.shape[0] // group
     # M x C/G x kernel -> G x M/G x C/G x kernel -> G x kernel x C/G x M/G
     split = weight.reshape(group, per_group, *weight.shape[1:])
     layout = np.ascontiguousarray(split.transpose(0, *range(3, split.ndim), 2, 1))
@@ -109,10 +110,7 @@ def _grouped_layer(node: Operator, x: Tensor, rest: list) -> Tensor:
     attrs = {k: v for k, v in node.attrs.items() if k != "group"}
     last = _transpose(x, to_last(x.rank), f"{node.name}/to_nhwc")
     y = apply("ChannelsLastGroupConv", [last, *rest], attrs, node.name)[0]
-    dims = [*y.shape[:-2], m]
-    shape = (constant(np.array(dims, np.int64), f"{node.name}/shape")
-             if all(isinstance(d, int) for d in dims)
-             else apply("Dims", [], {"dims": dims}, f"{node.name}/shape")[0])
+    shape = dims_tensor([*y.shape[:-2], m], f"{node.name}/shape")
     flat = apply("Reshape", [y, shape], {}, f"{node.name}/channels")[0]
     return _transpose(flat, to_first(x.rank), f"{node.name}/to_nchw")
 

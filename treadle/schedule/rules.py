@@ -23,7 +23,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Collection, Sequence
 
-from treadle.ir.compute import Compute, identity_of, producer_of, reachable
+from treadle.ir.compute import Compute, combine, identity_of, producer_of, reachable
 from treadle.ir.expr import Buffer, Call, Const, Expr, Load, Var, as_expr
 from treadle.ir.functor import bound_vars, free_vars, rewrite, substitute, walk
 from treadle.ir.mapping import unravel
@@ -224,10 +224,40 @@ def _loop_nest(group: list[Compute], inline: Inliner) -> Stmt:
     rows: list[Stmt] = []
     for k, member in enumerate(group):
         j = Var(f"{member.name}_j")
+        if _column_reduction(member, inline):
+            rows += _columns(member, coords, j, inline)
+            continue
         element = _element(member, (*coords, j), inline)
         lets, element = _hoist_row_values(element, {g.buffer for g in group[:k]}, j)
         rows += [*lets, For(j, member.shape[-1], element)]
     return For(row, outer_count, seq(rows), "parallel")
+
+
+def _column_reduction(c: Compute, inline: Inliner) -> bool:
+    """A reduction over axes outside the rows it reads, each load's last index its own
+    last axis (a global pooling of a channels-last image): the channels it keeps are
+    contiguous in every element it combines."""
+    if not c.is_reduction:
+        return False
+    j = c.axes[-1]
+    loads = [n for n in walk(inline(c.value)) if isinstance(n, Load)]
+    return bool(loads) and all(n.indices and n.indices[-1] == j for n in loads)
+
+
+def _columns(c: Compute, coords: Sequence[Expr], j: Var, inline: Inliner) -> list[Stmt]:
+    """A column reduction accumulating a whole row of results at once, the reduce loops
+    outside and the row's contiguous axis innermost, where it vectorises; a loop per
+    element would read one strided value per step."""
+    index = (*coords, j)
+    value = inline(substitute(c.value, dict(zip(c.axes, index))))
+    update: Stmt = For(j, c.shape[-1], Store(c.buffer, index,
+                                             combine(c.reduce_op, c.buffer[index], value)))
+    for var, extent in reversed(list(zip(c.reduce_axes, c.reduce_extents))):
+        update = For(var, extent, update)
+    first = Var(f"{c.name}_first")
+    start = For(first, c.shape[-1], Store(c.buffer, (*coords, first),
+                                          identity_of(c.reduce_op, c.dtype)))
+    return [start, update]
 
 
 def _hoist_row_values(stmt: Stmt, earlier: set[Buffer], j: Var) -> tuple[list[Let], Stmt]:

@@ -8,7 +8,7 @@ channels of each tap are contiguous, and a 1x1 convolution is a plain matrix pro
 Each Conv (but one with fewer output channels than a GEMM's narrowest columns), MaxPool
 and AveragePool becomes its channels-last twin between two transposes: ``to_nchw(ChannelsLastConv(to_nhwc(x)))``. The transposes back to NCHW then
 sink through the operators that commute with them (element-wise ops, whose constant
-operands are transposed instead, Pad, Concat) until they meet the next layer's
+operands are transposed instead, Pad, Concat, Split, global pooling) until they meet the next layer's
 ``to_nhwc`` and cancel, so between consecutive layers the activations stay channels-last.
 A transpose left in front of some other consumer (a global pooling, a reshape, the
 graph's output) is an ordinary operator, which fusion inlines into its reader or writer.
@@ -32,6 +32,7 @@ from treadle.graph.tensor import Tensor, constant
 from treadle.schedule.templates.gemm import MIN_GEMM_COLUMNS
 
 LAYERS = ("Conv", "MaxPool", "AveragePool")
+GLOBAL_POOLS = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}
 
 
 def channels_last(graph: Graph) -> Graph:
@@ -50,6 +51,10 @@ def _rule(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
         return _sink_pad(node, inputs)
     if node.op_type == "Concat":
         return _sink_concat(node, inputs)
+    if node.op_type == "Split":
+        return _sink_split(node, inputs)
+    if node.op_type in GLOBAL_POOLS:
+        return _sink_global_pool(node, inputs[0])
     return None
 
 
@@ -57,8 +62,9 @@ def _narrow(node: Operator) -> bool:
     """A convolution with fewer output channels than a GEMM's narrowest columns (an image
     model's last layer, back to 3 colours) stays N x C x spatial: there its GEMM is a few
     rows by the pixels, channels last the pixels by a few scattered columns (Candy's last
-    layer ran 5x slower)."""
-    if node.op_type != "Conv":
+    layer ran 5x slower). A grouped one is no such GEMM (MixNet's depthwise branches of a
+    few channels each)."""
+    if node.op_type != "Conv" or int(node.attrs.get("group", 1)) > 1:
         return False
     channels = node.outputs[0].shape[1]
     return isinstance(channels, int) and channels < MIN_GEMM_COLUMNS
@@ -226,4 +232,39 @@ def _sink_concat(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
     perm = found[0][1]
     axis = int(node.attrs["axis"]) % len(perm)
     y = apply("Concat", [f[0] for f in found], {"axis": perm[axis]}, node.name)[0]
+    return [_transpose(y, perm, f"{node.name}/sunk")]
+
+
+def _sink_split(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
+    """A split of channels (MixNet's mixed depthwise branches) splits the channels-last
+    tensor, so each branch's convolution reads its slice in place of a transposed copy."""
+    found = _back_to_first(inputs[0])
+    if found is None:
+        return None
+    source, perm = found
+    axis = int(node.attrs.get("axis", 0)) % len(perm)
+    sizes = [t.shape[axis] for t in node.outputs]
+    if not all(isinstance(s, int) for s in sizes):
+        return None
+    # One slice per part, not a Split: a single-output view fuses into its reader.
+    parts, offset = [], 0
+    for t, size in zip(node.outputs, sizes):
+        bounds = [constant(np.array([v], np.int64), f"{t.name}/{what}")
+                  for what, v in (("starts", offset), ("ends", offset + size),
+                                  ("axes", perm[axis]))]
+        part = apply("Slice", [source, *bounds], {}, f"{t.name}/last")[0]
+        parts.append(_transpose(part, perm, f"{t.name}/sunk"))
+        offset += size
+    return parts
+
+
+def _sink_global_pool(node: Operator, x: Tensor) -> Optional[Sequence[Tensor]]:
+    """A global pooling (a squeeze-and-excitation gate's) reduces the spatial axes of the
+    channels-last tensor: its producer then writes one layout instead of two."""
+    found = _back_to_first(x)
+    if found is None:
+        return None
+    source, perm = found
+    axes = list(range(1, len(perm) - 1))
+    y = apply(GLOBAL_POOLS[node.op_type], [source], {"axes": axes, "keepdims": 1}, node.name)[0]
     return [_transpose(y, perm, f"{node.name}/sunk")]

@@ -1,6 +1,7 @@
 """The CPU template for sliding-window reductions: depthwise and grouped convolution,
 pooling, any reduction whose reduce domain is a small constant window (at most
-``MAX_WINDOW`` points) and whose last output axis has a static extent.
+``MAX_WINDOW`` points, ``MAX_WINDOW_2D`` over several axes) and whose last output axis
+has a static extent.
 
 The rule-based schedule runs the window innermost for each output element, so nothing
 vectorises and padding costs a select and two clamps per tap. Here a thread takes whole
@@ -34,7 +35,10 @@ from treadle.ir.simplify import simplify_expr
 from treadle.ir.stmt import Assert, DeclBuffer, For, Function, If, Let, Seq, Stmt, Store
 from treadle.schedule.rules import Inliner, Kernel, canonical_kernel, split_epilogue
 
-MAX_WINDOW = 64  # window points; larger reductions are left to GEMM or the rule-based loops
+# Window points: a 1-D reduction longer than MAX_WINDOW is a row's sum, better vectorised
+# along itself by the rule-based loops; 2-D windows up to 13 x 13 (MixNet's mixed depthwise
+# kernels) are windows. Larger ones are left to GEMM or the rule-based loops.
+MAX_WINDOW, MAX_WINDOW_2D = 64, 169
 MAX_ROW_BYTES = 1 << 14  # the row of accumulators, on each thread's stack
 MAX_BORDER = 16  # output positions searched from each end of a row for the interior
 MAX_UNROLLED = 16  # window points summed in one pass along the row (see _one_pass)
@@ -63,7 +67,9 @@ def match_window(out: Compute) -> WindowPattern | None:
     if not red.shape or not extents or not all(isinstance(e, Const) for e in extents):
         return None
     width = red.shape[-1]
-    if (math.prod(e.value for e in extents) > MAX_WINDOW or not isinstance(width, Const)
+    points = math.prod(e.value for e in extents)
+    if (points > (MAX_WINDOW_2D if len(extents) > 1 else MAX_WINDOW)
+            or not isinstance(width, Const)
             or width.value * red.dtype.nbytes > MAX_ROW_BYTES
             or red.axes[-1] not in free_vars(window)):
         return None

@@ -1,6 +1,8 @@
 """Grouped convolutions run as a batch of matrix products over groups
 (ChannelsLastGroupConv), against ONNX Runtime: groups 1, 2, 3, 32, C/2 and C (depthwise),
 odd channel counts, strides, dilations, biases, fused neighbours and a symbolic batch."""
+import numpy as np
+import onnx
 import pytest
 from onnx import helper
 
@@ -70,3 +72,28 @@ def test_grouped_conv_fuses_its_padding_relu_and_neighbours():
     kernels = [s for s in compiled.executable.steps if s.kernel is not None]
     # to_nhwc + padding copy, the grouped GEMM with its ReLU, the 1x1 projection
     assert len(kernels) <= 3
+
+
+@pytest.mark.parametrize("channels,group,merged", [(128, 32, 8), (64, 8, 4), (64, 4, 4),
+                                                    (12, 3, 1)])
+def test_narrow_groups_merge_into_block_diagonal_groups(channels, group, merged):
+    """Groups of fewer than 16 output channels run several to a product, their weights
+    block-diagonal: zero between neighbours, each block the group's own."""
+    model = grouped_model(channels, channels, group, 5)
+    graph = optimize(from_onnx(model))
+    (conv,) = [n for n in graph.nodes if n.op_type == "ChannelsLastGroupConv"]
+    weight = conv.inputs[1].data
+    width = channels // merged
+    assert weight.shape == (merged, 3, 3, width, width)
+    per_group = channels // group
+    original = model.graph.initializer[0]
+    assert original.name == "w"
+    w = onnx.numpy_helper.to_array(original)  # M x C/G x 3 x 3
+    for g in range(group):
+        block = weight[g * per_group // width, :, :,
+                       g * per_group % width:g * per_group % width + per_group,
+                       g * per_group % width:g * per_group % width + per_group]
+        expected = w[g * per_group:(g + 1) * per_group].transpose(2, 3, 1, 0)
+        np.testing.assert_array_equal(block, expected)
+    nonzero = (weight != 0).sum()
+    assert nonzero == (w != 0).sum()

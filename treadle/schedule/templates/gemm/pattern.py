@@ -159,5 +159,12 @@ def right_row(pattern: GemmPattern) -> Load | None:
     return right
 
 
+def plain_left(pattern: GemmPattern) -> bool:
+    """Whether the left factor is a matrix read at its axes (each index one axis or a
+    constant), not a window over an image (a convolution's im2col addressing)."""
+    left = pattern.left.a if isinstance(pattern.left, Cast) else pattern.left
+    return isinstance(left, Load) and all(isinstance(i, (Var, Const)) for i in left.indices)
+
+
 def f32(e: Expr) -> Expr:
     return e if e.dtype == float32 else Cast(e, float32)

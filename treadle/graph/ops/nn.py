@@ -260,20 +260,27 @@ def _stash_type(ctx: OpContext) -> DataType:
     return work
 
 
-@register("InstanceNormalization")
-def instance_normalization(ctx: OpContext):
+def _instance_normalization(ctx: OpContext, layout: Layout):
     x = _float_input(ctx)
     _rank_at_least(ctx, x, 3, "input 0")
-    scale, bias = _per_channel(ctx, 1, x.shape[1]), _per_channel(ctx, 2, x.shape[1])
-    axes = list(range(2, x.rank))
+    _, channels, _ = layout.split(x.shape)
+    scale, bias = _per_channel(ctx, 1, channels), _per_channel(ctx, 2, channels)
+    axes = [a for a in range(1, x.rank) if a != (x.rank - 1 if layout.channels_last else 1)]
     work = accumulator(x.dtype)
     mean, inv_std = _moments(x, axes, float(ctx.attr("epsilon", 1e-5)), work)
 
     def element(*i):
-        p = project(i, axes, True)
+        p, c = project(i, axes, True), layout.split(i)[1]
         y = (cast(x[i], work) - mean[p]) * inv_std[p]
-        return y * cast(scale[i[1]], work) + cast(bias[i[1]], work)
+        return y * cast(scale[c], work) + cast(bias[c], work)
     return [compute("instancenorm", x.shape, element, x.dtype)]
+
+
+register("InstanceNormalization")(lambda ctx: _instance_normalization(ctx, NCHW))
+# Channels-last (``passes.channels_last``): N x spatial x C, moments over the spatial axes,
+# which the rule-based schedule sums a whole row of channels at a time.
+register("ChannelsLastInstanceNormalization", internal=True)(
+    lambda ctx: _instance_normalization(ctx, NHWC))
 
 
 @register("BatchNormalization")

@@ -8,7 +8,8 @@ channels of each tap are contiguous, and a 1x1 convolution is a plain matrix pro
 Each Conv (but one with fewer output channels than a GEMM's narrowest columns), MaxPool
 and AveragePool becomes its channels-last twin between two transposes: ``to_nchw(ChannelsLastConv(to_nhwc(x)))``. The transposes back to NCHW then
 sink through the operators that commute with them (element-wise ops, whose constant
-operands are transposed instead, Pad, Concat, Split, global pooling) until they meet the next layer's
+operands are transposed instead, Pad, Concat, Split, global pooling, instance
+normalisation, Resize) until they meet the next layer's
 ``to_nhwc`` and cancel, so between consecutive layers the activations stay channels-last.
 A transpose left in front of some other consumer (a global pooling, a reshape, the
 graph's output) is an ordinary operator, which fusion inlines into its reader or writer.
@@ -55,6 +56,10 @@ def _rule(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
         return _sink_split(node, inputs)
     if node.op_type in GLOBAL_POOLS:
         return _sink_global_pool(node, inputs[0])
+    if node.op_type == "InstanceNormalization":
+        return _sink_instance_norm(node, inputs)
+    if node.op_type == "Resize":
+        return _sink_resize(node, inputs)
     return None
 
 
@@ -289,4 +294,41 @@ def _sink_global_pool(node: Operator, x: Tensor) -> Optional[Sequence[Tensor]]:
     source, perm = found
     axes = list(range(1, len(perm) - 1))
     y = apply(GLOBAL_POOLS[node.op_type], [source], {"axes": axes, "keepdims": 1}, node.name)[0]
+    return [_transpose(y, perm, f"{node.name}/sunk")]
+
+
+def _sink_instance_norm(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
+    """Instance normalisation channels-last: its moments are column sums over the pixels
+    (Candy's every layer; NCHW between them cost each convolution a transposed store and
+    each reflection padding a transposed copy)."""
+    found = _back_to_first(inputs[0])
+    if found is None:
+        return None
+    source, perm = found
+    y = apply("ChannelsLastInstanceNormalization", [source, *inputs[1:]], node.attrs,
+              node.name)[0]
+    return [_transpose(y, perm, f"{node.name}/sunk")]
+
+
+def _sink_resize(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
+    """A resize with constant scales or sizes (an upsampling between layers) resizes the
+    channels-last tensor, its scales or sizes moved with the axes."""
+    found = _back_to_first(inputs[0])
+    if found is None or node.attrs.get("axes") is not None or not all(
+            t is None or t.is_constant for t in inputs[1:]):
+        return None
+    source, perm = found
+    roi = inputs[1] if len(inputs) > 1 else None
+    if roi is not None and roi.data.size:
+        return None
+    moved = list(inputs[1:])
+    for k, given in enumerate(inputs[2:4], start=2):
+        if given is None or not given.data.size:
+            continue
+        if given.data.size != len(perm):
+            return None
+        values = np.empty_like(given.data)
+        values[perm] = given.data
+        moved[k - 1] = constant(values, f"{node.name}/moved{k}", given.dtype)
+    y = apply("Resize", [source, *moved], node.attrs, node.name)[0]
     return [_transpose(y, perm, f"{node.name}/sunk")]

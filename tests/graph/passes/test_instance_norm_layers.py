@@ -1,0 +1,72 @@
+"""Style-transfer layers (fast-neural-style Candy): reflection padding, convolution,
+instance normalisation, ReLU and nearest upsampling, against ONNX Runtime with odd sizes
+and a symbolic batch. Between the layers everything stays channels-last: the instance
+normalisation's moments are column sums over the pixels, the ReLU is its epilogue, and
+only the model's ends transpose."""
+import numpy as np
+import pytest
+from onnx import helper
+
+from tests.frontend.onnx_models import make_model, tensor
+from tests.harness import assert_close, random_array, run_onnxruntime
+import treadle
+from treadle.frontend.onnx import from_onnx
+from treadle.graph.optimize import optimize
+
+
+def style_layers(channels, side, mode="nearest"):
+    """reflect pad -> conv 3x3 -> IN -> ReLU -> x2 resize -> reflect pad -> conv 3x3 -> IN
+    -> ReLU -> conv 3x3 to 3 channels."""
+    inits = {"pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+             "scales": np.array([1, 1, 2, 2], np.float32),
+             "w0": random_array((channels, 3, 3, 3), seed=1),
+             "w1": random_array((channels, channels, 3, 3), seed=2),
+             "w2": random_array((3, channels, 3, 3), seed=3)}
+    for k in (0, 1):
+        inits[f"g{k}"] = random_array((channels,), seed=10 + k, low=0.5, high=1.5)
+        inits[f"b{k}"] = random_array((channels,), seed=20 + k)
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p0"], mode="reflect"),
+             helper.make_node("Conv", ["p0", "w0"], ["c0"]),
+             helper.make_node("InstanceNormalization", ["c0", "g0", "b0"], ["n0"],
+                              epsilon=1e-5),
+             helper.make_node("Relu", ["n0"], ["r0"]),
+             helper.make_node("Resize", ["r0", "", "scales"], ["u"], mode=mode),
+             helper.make_node("Pad", ["u", "pads"], ["p1"], mode="reflect"),
+             helper.make_node("Conv", ["p1", "w1"], ["c1"]),
+             helper.make_node("InstanceNormalization", ["c1", "g1", "b1"], ["n1"],
+                              epsilon=1e-5),
+             helper.make_node("Relu", ["n1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    return make_model(nodes, [tensor("x", ["batch", 3, side, side])],
+                      [tensor("y", ["batch", 3, 2 * side, 2 * side])], initializers=inits)
+
+
+@pytest.mark.parametrize("channels,side,mode", [(8, 7, "nearest"), (13, 11, "nearest"),
+                                                (16, 5, "linear"), (9, 2, "nearest")])
+def test_style_layers_match_onnxruntime(channels, side, mode):
+    model = style_layers(channels, side, mode)
+    compiled = treadle.compile(model)
+    for batch in (1, 2):
+        x = random_array((batch, 3, side, side), seed=batch)
+        (expected,) = run_onnxruntime(model, {"x": x})
+        (actual,) = compiled(x)
+        assert_close(actual, expected, reduction=9 * channels)
+
+
+def test_instance_norm_layers_stay_channels_last():
+    graph = optimize(from_onnx(style_layers(16, 9)))
+    types = [n.op_type for n in graph.nodes]
+    assert "InstanceNormalization" not in types
+    assert types.count("ChannelsLastInstanceNormalization") == 2
+    # In: to channels-last before the first padding; out: the last convolution, to 3
+    # channels, runs channels-first and reads the second block back.
+    assert types.count("Transpose") == 2, types
+
+
+def test_instance_norm_takes_its_relu_and_transposes_fuse():
+    compiled = treadle.compile(style_layers(16, 9))
+    steps = [s.name for s in compiled.executable.steps if s.kernel is not None]
+    # pad, conv, IN + ReLU, resize, pad, conv, IN + ReLU (+ transpose), conv: no kernel
+    # of its own for an activation or a transpose
+    assert len(steps) <= 8, steps
+    assert not any(s.endswith(("Relu", "to_nchw", "to_nhwc", "sunk")) for s in steps), steps

@@ -93,14 +93,17 @@ def test_costly_value_read_by_the_sum_and_the_output_is_computed_once(rows, cols
     kernel = _shared_row_value(lambda v: call("exp", v))
     func = kernel.function
     verify(func)
-    # exp once per element, into a workspace, in the same parallel loop over rows.
+    # exp once per element, in the same parallel loop over rows, into the output itself:
+    # each element is divided by the sum in place, so no workspace of the output's size.
     assert sum(isinstance(n, Call) and n.func == "exp" for n in walk(func.body)) == 1
-    assert len(kernel.workspaces) == 3  # the maximum, the exponentials, the sum
+    assert [str(w.shape[1]) for w in kernel.workspaces] == ["1", "1"]  # maximum, sum
     assert [n.kind for n in walk(func.body) if isinstance(n, For)].count("parallel") == 1
+    out = func.params[1]
+    stores = [n for n in walk(func.body) if isinstance(n, Store) and n.buffer == out]
+    assert len(stores) == 2  # the exponentials, then the quotients
     xs = np.random.default_rng(rows).standard_normal((rows, cols)).astype(np.float32)
     y = np.empty_like(xs)
-    interpret(func, xs, y, np.empty((rows, 1), np.float32), np.empty_like(xs),
-              np.empty((rows, 1), np.float32))
+    interpret(func, xs, y, np.empty((rows, 1), np.float32), np.empty((rows, 1), np.float32))
     e = np.exp(xs - xs.max(axis=1, keepdims=True))
     np.testing.assert_allclose(y, e / e.sum(axis=1, keepdims=True), rtol=1e-6, atol=1e-7)
 

@@ -71,6 +71,8 @@ def fused_kernel(plan: KernelPlan, name: str, schedule: ScheduleOperator) -> Fus
     what is fused into it."""
     anchor = plan.anchor
     kernel = schedule(anchor, name)
+    if plan.epilogues:
+        kernel = kernel.for_epilogues
     func = kernel.function
     buffers = _TensorBuffers()
     params = {b: buffers.of(anchor.inputs[i]) for b, i in zip(func.buffers, kernel.inputs)}

@@ -43,11 +43,20 @@ class Kernel:
 
     ``derived`` are constants the schedule reads in a layout of its own (the GEMM
     template's weight panels): computes over operator inputs that are constants, which
-    the compiler tabulates once (``ir.tabulate``)."""
+    the compiler tabulates once (``ir.tabulate``).
+
+    ``apart`` is the same schedule with every workspace its own buffer, where this one
+    keeps one in an output (``_written_in_place``): epilogues, which fusion applies at
+    each store of an output, take that one."""
     function: Function
     inputs: tuple[int, ...]
     workspaces: tuple[Buffer, ...]
     derived: tuple[Compute, ...] = ()
+    apart: "Kernel | None" = None
+
+    @property
+    def for_epilogues(self) -> "Kernel":
+        return self.apart or self
 
 
 def schedule_computes(name: str, inputs: Sequence[Buffer | None], outputs: Sequence[Compute],
@@ -56,16 +65,28 @@ def schedule_computes(name: str, inputs: Sequence[Buffer | None], outputs: Seque
     shared = _shared_costly(outputs, computes)
     inline = Inliner(computes, shared)
     materialised = _materialise_order(outputs, computes, shared)
-    workspaces = tuple(c.buffer for c in materialised if c not in outputs)
+    groups = _row_groups(materialised, inline)
     body = [Assert(cond, message) for cond, message in checks]
-    body += [_loop_nest(group, inline) for group in _row_groups(materialised, inline)]
+    body += [_loop_nest(group, inline) for group in groups]
     body_stmt = seq(body) if body else Seq(())
-    used = {n.buffer for n in walk(body_stmt) if isinstance(n, (Load, Store))}
+    workspaces = [c.buffer for c in materialised if c not in outputs]
+    kernel = _kernel(name, inputs, outputs, workspaces, body_stmt)
+    into_output = _written_in_place(groups, outputs, inline)
+    if not into_output:
+        return kernel
+    fewer = [b for b in workspaces if b not in into_output]
+    return replace(_kernel(name, inputs, outputs, fewer, _renamed(body_stmt, into_output)),
+                   apart=kernel)
+
+
+def _kernel(name: str, inputs: Sequence[Buffer | None], outputs: Sequence[Compute],
+            workspaces: Sequence[Buffer], body: Stmt) -> Kernel:
+    used = {n.buffer for n in walk(body) if isinstance(n, (Load, Store))}
     params: list = [b for b in inputs if b is not None and b in used]
     params += [c.buffer for c in outputs] + list(workspaces)
     symbols = sorted({v for p in params for d in p.shape for v in free_vars(d)} |
-                     (free_vars(body_stmt) - bound_vars(body_stmt)), key=lambda v: v.name)
-    return canonical_kernel(Function(name, tuple(params) + tuple(symbols), body_stmt),
+                     (free_vars(body) - bound_vars(body)), key=lambda v: v.name)
+    return canonical_kernel(Function(name, tuple(params) + tuple(symbols), body),
                             inputs, len(outputs))
 
 
@@ -115,6 +136,45 @@ def canonical_names(func: Function, num_inputs: int, num_outputs: int) -> Functi
 
 # Calls that cost more than storing and reloading their result in cache.
 COSTLY_CALLS = frozenset({"exp", "log", "erf", "tanh", "sin", "cos"})
+
+
+def _written_in_place(groups: list[list[Compute]], outputs: Sequence[Compute],
+                      inline: Inliner) -> dict[Buffer, Buffer]:
+    """Workspaces that can live in an output: a row's shared tensor (softmax's
+    exponentials) of the output's shape that the output, last in the row, reads only at
+    its own element, and nothing else reads after. Each element is read just before it is
+    overwritten, and the kernel writes one tensor of the output's size instead of two."""
+    found: dict[Buffer, Buffer] = {}
+    for k, group in enumerate(groups):
+        last = group[-1]
+        later = [c for g in groups[k + 1:] for c in g]
+        for c in group[:-1]:
+            if (last not in outputs or c in outputs or c.is_reduction
+                    or c.shape != last.shape or c.dtype != last.dtype
+                    or any(c.buffer in _loaded(d, inline) for d in later)):
+                continue
+            loads = [n for n in walk(inline(last.value))
+                     if isinstance(n, Load) and n.buffer == c.buffer]
+            if loads and all(n.indices == last.axes for n in loads):
+                found[c.buffer] = last.buffer
+                break
+    return found
+
+
+def _loaded(c: Compute, inline: Inliner) -> set[Buffer]:
+    return {n.buffer for n in walk(inline(c.value)) if isinstance(n, Load)}
+
+
+def _renamed(stmt: Stmt, buffers: dict[Buffer, Buffer]) -> Stmt:
+    """``stmt`` with the loads and stores of each key of ``buffers`` on its value."""
+    if not buffers:
+        return stmt
+
+    def visit(n):
+        if isinstance(n, (Load, Store)) and n.buffer in buffers:
+            return replace(n, buffer=buffers[n.buffer])
+        return None
+    return rewrite(stmt, visit)
 
 
 def _shared_costly(outputs: Sequence[Compute], computes: dict[Buffer, Compute]) -> set[Buffer]:

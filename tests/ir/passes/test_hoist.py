@@ -1,10 +1,10 @@
-"""hoist: divisions by run-time sizes bound before the loops they do not vary in, with the
-program's results unchanged."""
+"""hoist: divisions by run-time sizes, and floors and conversions of outer indices, bound
+before the loops they do not vary in, with the program's results unchanged."""
 import numpy as np
 
 from treadle.ir.builder import FunctionBuilder
-from treadle.ir.dtypes import float32
-from treadle.ir.expr import Binary, Const
+from treadle.ir.dtypes import float32, index_type
+from treadle.ir.expr import Binary, Call, Cast, Const, call, cast
 from treadle.ir.functor import walk
 from treadle.ir.lower import PIPELINES, lower
 from treadle.ir.passes.hoist import hoist
@@ -50,3 +50,30 @@ def test_hoisted_program_computes_the_same():
     lowered = lower(_rows_program())
     assert all(_divisions_in_loop(s) == [] for s in walk(lowered.body)
                if isinstance(s, For) and s.var.name.startswith("j"))
+
+
+def _upsample_program():
+    """Y[p, j] = X[floor(p / 2 + 0.25), j] over output pixels p: the source pixel, a floor
+    and a conversion to an index of p alone, is invariant in the channel loop j."""
+    with FunctionBuilder("upsample") as fb:
+        x = fb.param("X", float32, [7, 5])
+        y = fb.param("Y", float32, [13, 5])
+        for p in fb.range(13, name="p"):
+            for j in fb.range(5, name="j"):
+                source = call("floor", cast(p, float32) * 0.5 + 0.25)
+                y[p, j] = x[cast(source, index_type), j] + source
+    return fb.function
+
+
+def test_invariant_floors_and_conversions_leave_the_inner_loop():
+    hoisted = hoist(_upsample_program())
+    loops = {s.var.name: s for s in walk(hoisted.body) if isinstance(s, For)}
+    inner = list(walk(loops["j"].body))
+    assert not any(isinstance(e, Call) for e in inner)
+    assert not any(isinstance(e, Cast) and e.dtype == index_type for e in inner)
+    function = compile_function(_upsample_program())
+    x = np.random.default_rng(1).standard_normal((7, 5)).astype(np.float32)
+    y = np.zeros((13, 5), np.float32)
+    function(x, y)
+    source = np.floor(np.arange(13, dtype=np.float32) * 0.5 + 0.25)
+    np.testing.assert_array_equal(y, x[source.astype(int)] + source[:, None])

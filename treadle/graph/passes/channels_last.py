@@ -60,6 +60,8 @@ def _rule(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
         return _sink_instance_norm(node, inputs)
     if node.op_type == "Resize":
         return _sink_resize(node, inputs)
+    if node.op_type == "Reshape":
+        return _unflatten_pixels(node, inputs[0])
     return None
 
 
@@ -332,3 +334,25 @@ def _sink_resize(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
         moved[k - 1] = constant(values, f"{node.name}/moved{k}", given.dtype)
     y = apply("Resize", [source, *moved], node.attrs, node.name)[0]
     return [_transpose(y, perm, f"{node.name}/sunk")]
+
+
+def _unflatten_pixels(node: Operator, x: Tensor) -> Optional[Sequence[Tensor]]:
+    """A token sequence N x HW x C, transposed to N x C x HW and viewed as an image
+    N x C x H x W (a vision transformer's head: Segformer's), is the sequence viewed as
+    N x H x W x C and transposed to NCHW: a transpose that sinks through the image
+    operators after it (resizing, concatenation) to cancel against a convolution's."""
+    found = _transposed(x)
+    shape = node.outputs[0].shape
+    if found is None or found[1] != [0, 2, 1] or len(shape) < 4:
+        return None
+    tokens = found[0]
+    batch, length, channels = tokens.shape
+    spatial = shape[2:]
+    if (shape[0] != batch or shape[1] != channels
+            or not all(isinstance(d, int) for d in (length, *spatial))
+            or int(np.prod(spatial)) != length):
+        return None
+    image = dims_tensor([batch, *spatial, channels], f"{node.name}/pixels")
+    last = apply("Reshape", [tokens, image], {}, f"{node.name}/last")[0]
+    return [_transpose(last, to_first(len(shape)), f"{node.name}/sunk")]
+

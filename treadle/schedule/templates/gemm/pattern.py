@@ -162,7 +162,7 @@ def right_row(pattern: GemmPattern) -> Load | None:
 def plain_left(pattern: GemmPattern) -> bool:
     """Whether the left factor is a matrix read at its axes (each index one axis or a
     constant), not a window over an image (a convolution's im2col addressing)."""
-    left = pattern.left.a if isinstance(pattern.left, Cast) else pattern.left
+    left = pattern.left.value if isinstance(pattern.left, Cast) else pattern.left
     return isinstance(left, Load) and all(isinstance(i, (Var, Const)) for i in left.indices)
 
 

@@ -53,6 +53,7 @@ CURATED = (
     "test_layer_normalization_4d_axis1", "test_layer_normalization_4d_axis2",
     "test_layer_normalization_4d_axis3", "test_layer_normalization_4d_axis_negative_1",
     "test_layer_normalization_4d_axis_negative_4", "test_layer_normalization_default_axis",
+    "test_group_normalization_epsilon", "test_group_normalization_example",
     "test_layer_normalization_2d_axis1_expanded", "test_layer_normalization_4d_axis1_expanded",
     "test_reduce_max_default_axes_keepdims_random", "test_rms_normalization_2d_axis_negative_1",
     "test_rms_normalization_3d_axis2_epsilon", "test_rms_normalization_3d_axis2_epsilon_expanded",

@@ -863,14 +863,16 @@ def _group_norm(call: Call, x, *args):
         eps = args[3] if len(args) > 3 else 1e-5
     else:  # (weight, bias, N, C, HxW, groups, eps)
         weight, bias, groups, eps = args[0], args[1], args[5], args[6]
-    # Each group normalised as one instance: rows of [N, G, C/G * spatial].
-    rows = call.reshape(x, [x.shape[0], groups, x.shape[1] // groups * math.prod(x.shape[2:])])
-    ones, zeros = (call.const(np.full(groups, v), x.dtype) for v in (1.0, 0.0))
-    normal = call.op("InstanceNormalization", rows, ones, zeros, epsilon=float(eps))
-    y = _affine(call, call.reshape(normal, list(x.shape)), weight, bias)
+    channels = x.shape[1]
+    weight, bias = (call.const(np.full(channels, v), x.dtype) if t is None else t
+                    for t, v in ((weight, 1.0), (bias, 0.0)))
+    y = call.op("GroupNormalization", x, weight, bias, num_groups=int(groups),
+                epsilon=float(eps))
     if call.node.target._opname == "group_norm":
         return y
-    # The statistics per [N, G] (dropped with the graph's unread tensors when unused).
+    # The statistics per [N, G] (dropped with the graph's unread tensors when unused), of
+    # rows [N, G, C/G * spatial].
+    rows = call.reshape(x, [x.shape[0], groups, channels // groups * math.prod(x.shape[2:])])
     mean, inv = _moments(call, rows, [2], eps)
     stats = [x.shape[0], groups]
     return y, call.reshape(mean, stats), call.reshape(inv, stats)

@@ -4,6 +4,7 @@ and a symbolic batch. Between the layers everything stays channels-last: the ins
 normalisation's moments are column sums over the pixels, the ReLU is its epilogue, and
 only the model's ends transpose."""
 import numpy as np
+import onnx
 import pytest
 from onnx import helper
 
@@ -70,3 +71,63 @@ def test_instance_norm_takes_its_relu_and_transposes_fuse():
     # of its own for an activation or a transpose
     assert len(steps) <= 8, steps
     assert not any(s.endswith(("Relu", "to_nchw", "to_nhwc", "sunk")) for s in steps), steps
+
+
+def group_norm_block(channels, groups, side, after_conv=True):
+    """(conv 3x3 ->) GroupNormalization -> SiLU -> conv 1x1: channels-last after a
+    convolution, NCHW on the model's input."""
+    inits = {"g": random_array((channels,), seed=1, low=0.5, high=1.5),
+             "b": random_array((channels,), seed=2),
+             "w1": random_array((7, channels, 1, 1), seed=4)}
+    nodes = []
+    source = "x"
+    if after_conv:
+        inits["w0"] = random_array((channels, channels, 3, 3), seed=3)
+        nodes.append(helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]))
+        source = "c0"
+    nodes += [helper.make_node("GroupNormalization", [source, "g", "b"], ["n"],
+                               num_groups=groups, epsilon=1e-5),
+              helper.make_node("Sigmoid", ["n"], ["s"]),
+              helper.make_node("Mul", ["n", "s"], ["a"]),
+              helper.make_node("Conv", ["a", "w1"], ["y"])]
+    return make_model(nodes, [tensor("x", ["batch", channels, side, side])],
+                      [tensor("y", ["batch", 7, side, side])], initializers=inits, opset=21)
+
+
+def group_norm_reference(x, groups, scale, bias):
+    n, c = x.shape[:2]
+    rows = x.astype(np.float64).reshape(n, groups, -1)
+    normal = (rows - rows.mean(-1, keepdims=True)) / np.sqrt(rows.var(-1, keepdims=True) + 1e-5)
+    normal = normal.reshape(x.shape)
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    return normal * scale.reshape(shape) + bias.reshape(shape)
+
+
+@pytest.mark.parametrize("channels,groups,side,after_conv", [
+    (12, 3, 7, True), (16, 16, 5, True), (9, 1, 6, False), (20, 4, 11, True),
+    (6, 2, 1, False)])
+def test_group_norm_matches_a_numpy_reference(channels, groups, side, after_conv):
+    model = group_norm_block(channels, groups, side, after_conv)
+    graph = optimize(from_onnx(model))
+    types = [n.op_type for n in graph.nodes]
+    assert ("ChannelsLastGroupNormalization" in types) == after_conv, types
+    compiled = treadle.compile(model)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    for batch in (1, 3):
+        x = random_array((batch, channels, side, side), seed=batch)
+        h = x.astype(np.float64)
+        if after_conv:
+            (h,) = run_onnxruntime(conv_only(channels), {"x": x, "w0": inits["w0"]})
+        normal = group_norm_reference(np.asarray(h, np.float64), groups, inits["g"],
+                                      inits["b"])
+        act = normal / (1 + np.exp(-normal))
+        expected = np.einsum("nchw,mc->nmhw", act, inits["w1"][:, :, 0, 0])
+        (actual,) = compiled(x)
+        assert_close(actual, expected.astype(np.float32), reduction=channels * side * side)
+
+
+def conv_only(channels):
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1])]
+    return make_model(nodes, [tensor("x", ["batch", channels, None, None]),
+                              tensor("w0", [channels, channels, 3, 3])],
+                      [tensor("c0", None)])

@@ -277,6 +277,49 @@ def _instance_normalization(ctx: OpContext, layout: Layout):
 
 
 register("InstanceNormalization")(lambda ctx: _instance_normalization(ctx, NCHW))
+
+def _group_normalization(ctx: OpContext, layout: Layout):
+    """ONNX GroupNormalization: the channels in ``num_groups`` groups, each normalised over
+    its channels and pixels per sample, then scaled and shifted per channel (opset 21;
+    ONNX deprecated opset 18's version, per group). The moments sum each
+    channel's pixels first (rows NCHW, columns channels-last) and then the group's
+    channels, so neither layout reads a group's channels strided."""
+    x = _float_input(ctx)
+    _rank_at_least(ctx, x, 3, "input 0")
+    groups = int(ctx.required_attr("num_groups"))
+    batch, channels, sizes = layout.split(x.shape)
+    channels = normalize_dim(channels)
+    if not isinstance(channels, int) or groups < 1 or channels % groups:
+        raise ctx.error(f"num_groups {groups} must divide the {channels} channels")
+    per = channels // groups
+    scale, bias = (_per_channel(ctx, k, as_expr(channels)) for k in (1, 2))
+    work = accumulator(x.dtype) if ctx.attr("stash_type", 1) == 1 else x.dtype
+    n_points = cast(as_expr(per) * count(list(sizes), range(len(sizes))), work)
+    epsilon = _c(float(ctx.attr("epsilon", 1e-5)), work)
+
+    def by_channel(name, value):
+        return reduce(name, [batch, channels], list(sizes),
+                      lambda n, c, *sp: value(n, c, cast(x[layout.join(n, c, sp)], work)))
+
+    def by_group(name, sums, finish):
+        total = reduce(name, [batch, groups], [per], lambda n, g, c: sums[n, g * per + c])
+        return compute(f"{name}_of_group", [batch, groups], lambda n, g: finish(total[n, g]))
+    mean = by_group("mean", by_channel("sum", lambda n, c, v: v), lambda t: t / n_points)
+    squares = by_channel("squares", lambda n, c, v: (v - mean[n, c // per]) *
+                         (v - mean[n, c // per]))
+    inv_std = by_group("inv_std", squares, lambda t: _c(1.0, work) / call(
+        "sqrt", t / n_points + epsilon))
+
+    def element(*i):
+        n, c, _ = layout.split(i)
+        y = (cast(x[i], work) - mean[n, c // per]) * inv_std[n, c // per]
+        return y * cast(scale[c], work) + cast(bias[c], work)
+    return [compute("groupnorm", x.shape, element, x.dtype)]
+
+
+register("GroupNormalization")(lambda ctx: _group_normalization(ctx, NCHW))
+register("ChannelsLastGroupNormalization", internal=True)(
+    lambda ctx: _group_normalization(ctx, NHWC))
 # Channels-last (``passes.channels_last``): N x spatial x C, moments over the spatial axes,
 # which the rule-based schedule sums a whole row of channels at a time.
 register("ChannelsLastInstanceNormalization", internal=True)(

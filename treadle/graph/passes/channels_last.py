@@ -6,16 +6,19 @@ input one plane per reduction step. Channels last, the output channels and the i
 channels of each tap are contiguous, and a 1x1 convolution is a plain matrix product.
 
 Each Conv (but one with fewer output channels than a GEMM's narrowest columns), MaxPool
-and AveragePool becomes its channels-last twin between two transposes: ``to_nchw(ChannelsLastConv(to_nhwc(x)))``. The transposes back to NCHW then
-sink through the operators that commute with them (element-wise ops, whose constant
-operands are transposed instead, Pad, Concat, Split, global pooling, instance
-normalisation, Resize) until they meet the next layer's
-``to_nhwc`` and cancel, so between consecutive layers the activations stay channels-last.
-A transpose left in front of some other consumer (a global pooling, a reshape, the
+and AveragePool becomes its channels-last twin between two transposes:
+``to_nchw(ChannelsLastConv(to_nhwc(x)))``. The transposes back to NCHW then sink through
+the operators that commute with them (element-wise ops, whose constant operands are
+transposed instead, Pad, Concat, Split, global pooling, instance and group
+normalisation, Resize; a token sequence viewed as an image becomes a channels-last view)
+until they meet the next layer's ``to_nhwc`` and cancel, so between consecutive layers
+the activations stay channels-last.
+A transpose left in front of some other consumer (a reshape, the
 graph's output) is an ordinary operator, which fusion inlines into its reader or writer.
 The weights become kernel x C/group x M constants. A grouped convolution (several
 channels per group) becomes ``ChannelsLastGroupConv`` with G x kernel x C/G x M/G weights
-and the group an axis of its output, viewed back as N x spatial x M.
+and the group an axis of its output, viewed back as N x spatial x M; narrow groups run
+several to a group with block-diagonal weights (``_merged_groups``).
 """
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ from treadle.schedule.templates.gemm import MIN_GEMM_COLUMNS
 
 LAYERS = ("Conv", "MaxPool", "AveragePool")
 GLOBAL_POOLS = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}
+NORMS = {"InstanceNormalization": "ChannelsLastInstanceNormalization",
+         "GroupNormalization": "ChannelsLastGroupNormalization"}
 
 
 def channels_last(graph: Graph) -> Graph:
@@ -56,8 +61,8 @@ def _rule(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
         return _sink_split(node, inputs)
     if node.op_type in GLOBAL_POOLS:
         return _sink_global_pool(node, inputs[0])
-    if node.op_type == "InstanceNormalization":
-        return _sink_instance_norm(node, inputs)
+    if node.op_type in NORMS:
+        return _sink_norm(node, inputs)
     if node.op_type == "Resize":
         return _sink_resize(node, inputs)
     if node.op_type == "Reshape":
@@ -299,16 +304,15 @@ def _sink_global_pool(node: Operator, x: Tensor) -> Optional[Sequence[Tensor]]:
     return [_transpose(y, perm, f"{node.name}/sunk")]
 
 
-def _sink_instance_norm(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
-    """Instance normalisation channels-last: its moments are column sums over the pixels
-    (Candy's every layer; NCHW between them cost each convolution a transposed store and
-    each reflection padding a transposed copy)."""
+def _sink_norm(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
+    """Instance and group normalisation channels-last: their moments are column sums over
+    the pixels (Candy's every layer; NCHW between them cost each convolution a transposed
+    store and each reflection padding a transposed copy)."""
     found = _back_to_first(inputs[0])
     if found is None:
         return None
     source, perm = found
-    y = apply("ChannelsLastInstanceNormalization", [source, *inputs[1:]], node.attrs,
-              node.name)[0]
+    y = apply(NORMS[node.op_type], [source, *inputs[1:]], node.attrs, node.name)[0]
     return [_transpose(y, perm, f"{node.name}/sunk")]
 
 

@@ -24,6 +24,8 @@ SPECIALS = [0.0, -0.0, 1e-45, -1e-45, 1e-38, 1e-30, -1e-30, 1e-4, 0.5, 1.0, 3.9,
 # unit of the subnormal spacing (2^-149).
 CASES = {
     "exp": (np.exp, np.linspace(-110.0, 90.0, 200_001), 1.2e-7),  # < 1 ulp
+    "log": (np.log, np.concatenate([np.linspace(0.0, 4.0, 200_001),
+                                    np.logspace(-45, 38, 100_001)]), 1.2e-7),  # < 2 ulp
     "erf": (np.vectorize(math.erf), np.linspace(-6.0, 6.0, 120_001), 4e-7),  # < 6.5 ulp
     "tanh": (np.tanh, np.linspace(-12.0, 12.0, 120_001), 3e-7),  # < 5 ulp
 }
@@ -48,7 +50,7 @@ def test_float32_math_matches_float64_reference(name):
     func = _apply(name)
     y = np.empty_like(x)
     getattr(load(build(generate([func]), "test_prelude"), [func]), func.name)(x, y)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         expected = reference(x.astype(np.float64))
         expected_specials = expected[:len(SPECIALS)].astype(np.float32)
     finite = np.isfinite(expected) & (np.abs(expected) <= np.finfo(np.float32).max)
@@ -60,7 +62,7 @@ def test_float32_math_matches_float64_reference(name):
     np.testing.assert_array_equal(y[:len(SPECIALS)][~finite[:len(SPECIALS)]],
                                   expected_specials[~finite[:len(SPECIALS)]])
     assert np.array_equal(np.signbit(y[:2]), np.signbit(expected_specials[:2]))
-    if name != "exp":  # odd functions: exact +-1 at infinity
+    if name in ("erf", "tanh"):  # odd functions: exact +-1 at infinity
         np.testing.assert_array_equal(y[SPECIALS.index(math.inf)], 1.0)
         np.testing.assert_array_equal(y[SPECIALS.index(-math.inf)], -1.0)
 

@@ -115,3 +115,26 @@ def test_resolving_a_resolved_config_changes_nothing(sizes):
         for cfg in gemm_space(1, host()):
             once = resolve(pattern, cfg, host()).config
             assert resolve(pattern, once, host()).config == once, cfg
+
+
+def window_product(side, group_channels=16):
+    """A 3x3 convolution's product over one group of ``group_channels`` channels
+    channels-last (im2col addressing): N = one register tile's 16 columns."""
+    x = Buffer("x", float32, (side + 2, side + 2, group_channels))
+    w = Buffer("w", float32, (3, 3, group_channels, 16))
+    c = reduce("c", [side, side, 16], [3, 3, group_channels],
+               lambda h, v, o, kh, kw, i: x[h + kh, v + kw, i] * w[kh, kw, i, o])
+    return replace(match_gemm(c), inputs=(x, w))
+
+
+@pytest.mark.parametrize("side,cached", [(20, True), (400, False)])
+def test_a_window_left_factor_is_read_in_place_where_it_is_cached(side, cached):
+    """One register tile of columns: the im2col rows are read where they lie, K walked row
+    by row of channels, unless the image is beyond L2 (then packing streams it)."""
+    target = host()
+    assert ((side + 2) ** 2 * 16 * 4 <= target.l2_bytes) == cached
+    resolved = resolve(window_product(side), GemmConfig(), target)
+    assert resolved.config.block_n == resolved.config.micro_n == 16
+    assert resolved.in_place[0] == cached
+    # In place, the multiply-adds broadcast the image's elements themselves.
+    assert ("fma(broadcast(x0[" in program(resolved)) == cached

@@ -26,12 +26,14 @@ class RegisterTile:
 
 
 def register_tile(fb: FunctionBuilder, tile: RegisterTile, acc: Buffer, origin: tuple, first,
-                  depth, step, last: tuple | None = None) -> None:
+                  depth, step, last: tuple | None = None, walk=None) -> None:
     """acc[origin + (r, c)] (+)= the sum over kk < depth of a(r) * b(c), in a fully unrolled
     micro_m x micro_n tile of vector registers; ``step(kk)`` gives the operand readers
     ``a_of(r)`` (a scalar) and ``b_of(v)`` (the v-th vector of the row of B). With
     ``last`` = (condition, finish), where the condition holds the registers go to
-    ``finish(regs)`` instead of acc."""
+    ``finish(regs)`` instead of acc. ``walk``, when given, yields the K positions instead
+    of one loop over depth, as (kk, coordinates) pairs that ``step`` takes whole (rows
+    of K in loops of their own: packing.k_walk)."""
     lanes, mr, vectors = tile.lanes, tile.rows, tile.vectors
     registers = repeat(mr, vectors, kind="unroll")
     *slot, row, col = origin
@@ -43,8 +45,9 @@ def register_tile(fb: FunctionBuilder, tile: RegisterTile, acc: Buffer, origin: 
         for r, v in registers.on(0):
             regs[r, v] = acc.vload((*slot, row + r, col + v * lanes), lanes)
     chains = _chains(mr * vectors * lanes)
-    if chains == 1:
-        _multiply_add(fb, regs, registers, step, fb.range(depth, name="kk"), lanes)
+    if chains == 1 or walk is not None:
+        _multiply_add(fb, regs, registers, step,
+                      fb.range(depth, name="kk") if walk is None else walk, lanes)
     else:
         # Too few accumulators to cover the FMA latency (one row: GEMV, decoding): every
         # chain sums every chains-th K position, and the chains add up at the end.

@@ -27,8 +27,9 @@ from treadle.ir.functor import free_vars, substitute, walk
 from treadle.ir.mapping import spatial, unravel
 from treadle.schedule.rules import Kernel, canonical_kernel
 from treadle.schedule.templates.gemm.micro_kernel import Slice, register_tile, spill
-from treadle.schedule.templates.gemm.packing import (MacroTile, k_block, pack_left, pack_right,
-                                                     pack_whole_left, whole_left_buffer)
+from treadle.schedule.templates.gemm.packing import (MacroTile, k_block, k_walk, pack_left,
+                                                     pack_right, pack_whole_left,
+                                                     whole_left_buffer)
 from treadle.schedule.templates.gemm.pattern import f32, right_row, static_max, static_min
 from treadle.schedule.templates.gemm.resolve import ResolvedGemm, worker_groups
 
@@ -177,7 +178,8 @@ def _accumulate(fb: FunctionBuilder, gemm: ResolvedGemm, tile: MacroTile, acc: B
                     with fb.else_():
                         register_tile(*args, packed.reader(fb, p, q), last)
                 else:
-                    register_tile(*args, packed.reader(fb, p, q), last)
+                    by_rows = k_walk(fb, gemm, block) if a_pack is None else None
+                    register_tile(*args, packed.reader(fb, p, q), last, by_rows)
             if rows is not None:
                 with fb.if_(eq(kb, blocks - 1)):
                     finish(rows, p)
@@ -195,10 +197,13 @@ class _Operands:
     b_panel: int | None  # the one micro-panel b_pack holds, or None for all of them
 
     def reader(self, fb: FunctionBuilder, p, q):
-        """``step(kk)`` -> (a_of(r), b_of(v)) for register_tile."""
-        def step(kk):
+        """``step(kk)`` -> (a_of(r), b_of(v)) for register_tile; ``step((kk, k))`` with
+        the K coordinates k of position kk already bound (a k_walk)."""
+        def step(position):
+            kk, k = position if isinstance(position, tuple) else (position, None)
             in_place = self.a_pack is None or self.b_pack is None
-            k = self.gemm.coords(fb, "k", self.k0 + kk) if in_place else {}
+            if k is None:
+                k = self.gemm.coords(fb, "k", self.k0 + kk) if in_place else {}
             if isinstance(self.b_pack, _Panels):
                 # Laid-out weights come from memory on the first row panel; a line of the
                 # next micro-panel per step has it in cache by the time the tile moves on

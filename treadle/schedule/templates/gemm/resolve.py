@@ -19,14 +19,14 @@ from typing import Mapping, Sequence
 from treadle.errors import ScheduleConfigError
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, compute
-from treadle.ir.expr import Var, ceil_div, minimum
-from treadle.ir.functor import evaluate, free_vars, substitute
+from treadle.ir.expr import Load, Var, ceil_div, minimum
+from treadle.ir.functor import evaluate, free_vars, substitute, walk
 from treadle.ir.mapping import unravel
 from treadle.schedule.templates.gemm.config import ELEMENT_BYTES, GemmConfig, check_config
 from treadle.schedule.templates.gemm.micro_kernel import RegisterTile
 from treadle.schedule.templates.gemm.pattern import (ROLES, GemmPattern, f32, plain_left,
                                                      product, right_row, role_extents,
-                                                     round_up)
+                                                     round_up, static)
 from treadle.target.cpu import CpuTarget
 
 STACK_BYTES = 1 << 20  # the packed panels and accumulator live on a thread's stack
@@ -47,6 +47,7 @@ class ResolvedGemm:
     threads: int
     lanes: int  # of the register tile's vectors (see register_lanes)
     whole_left: bool = False  # the threads pack the left factor for all of K first
+    cached_left: bool = True  # the left factor's buffers fit the target's L2 (see in_place)
     extents: dict = field(default=None, compare=False)  # role -> extents of its axes
     panels: Compute | None = field(default=None, compare=False)  # laid-out right factor
 
@@ -81,11 +82,17 @@ class ResolvedGemm:
         that only one register tile reads per K block (the macro-tile is one micro-panel
         wide in the other factor's direction: GEMV, tall-skinny shapes), as packing it
         would cost as much as the products. A left factor read through a window (a
-        grouped convolution's im2col) is packed all the same: in place its addressing
-        would be computed in the micro-kernel's loop (RegNet's 16-channel groups ran 1.6x
-        slower)."""
+        grouped convolution's im2col) is read in place only where K has rows (k_row):
+        the micro-kernel then walks K row by row, a window position's address computed
+        once per row; per position it cost more than packing (RegNet's 16-channel
+        groups ran 1.2x slower). In place from beyond L2 the reads of a tile's rows of
+        pixels, a group's cache line of each, wait on memory between multiply-adds, where
+        packing streams them (RegNet's first grouped layer, 3.3 MB, 1.2x slower), so
+        such a factor is packed."""
         cfg = self.cfg
-        return (cfg.block_n == cfg.micro_n and plain_left(self.pattern),
+        return (cfg.block_n == cfg.micro_n
+                and (plain_left(self.pattern)
+                     or self.cached_left and k_row(self.extents["k"]) is not None),
                 cfg.block_m == cfg.micro_m and self.panels is None
                 and right_row(self.pattern) is not None)
 
@@ -121,6 +128,7 @@ def _fitted(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget, env: Mappi
 
     def fitted(config: GemmConfig) -> ResolvedGemm:
         return ResolvedGemm(pattern, config, threads, register_lanes(config, target),
+                            cached_left=_left_bytes(pattern) <= target.l2_bytes,
                             extents=extents, panels=panels)
     clamped = _clamped(cfg, M, N, K)
     if fitted(clamped).in_place[1]:
@@ -129,6 +137,17 @@ def _fitted(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget, env: Mappi
         clamped = _one_pass_over_panels(clamped, M, N, K)
     clamped = _balanced(clamped, sizes["batch"], M, N, workers, packs_right=panels is None)
     return _within_stack(fitted(_whole_rows(clamped, extents["k"])))
+
+
+def _left_bytes(pattern: GemmPattern) -> float:
+    """The bytes of the buffers the left factor reads; infinite where one is symbolic."""
+    total = 0.0
+    for buffer in {n.buffer for n in walk(pattern.left) if isinstance(n, Load)}:
+        size = product([static(d) for d in buffer.shape])
+        if not isinstance(size, int):
+            return float("inf")
+        total += size * buffer.dtype.nbytes
+    return total
 
 
 def _known(size, env: Mapping[Var, int]):

@@ -117,24 +117,26 @@ def test_resolving_a_resolved_config_changes_nothing(sizes):
             assert resolve(pattern, once, host()).config == once, cfg
 
 
-def window_product(side, group_channels=16):
-    """A 3x3 convolution's product over one group of ``group_channels`` channels
-    channels-last (im2col addressing): N = one register tile's 16 columns."""
-    x = Buffer("x", float32, (side + 2, side + 2, group_channels))
-    w = Buffer("w", float32, (3, 3, group_channels, 16))
-    c = reduce("c", [side, side, 16], [3, 3, group_channels],
+def window_product(side, columns=16, kernel=3, group_channels=16):
+    """A ``kernel`` x ``kernel`` convolution's product over one group of
+    ``group_channels`` channels channels-last (im2col addressing), ``columns`` wide."""
+    x = Buffer("x", float32, (side + kernel - 1, side + kernel - 1, group_channels))
+    w = Buffer("w", float32, (kernel, kernel, group_channels, columns))
+    c = reduce("c", [side, side, columns], [kernel, kernel, group_channels],
                lambda h, v, o, kh, kw, i: x[h + kh, v + kw, i] * w[kh, kw, i, o])
     return replace(match_gemm(c), inputs=(x, w))
 
 
-@pytest.mark.parametrize("side,cached", [(20, True), (400, False)])
-def test_a_window_left_factor_is_read_in_place_where_it_is_cached(side, cached):
-    """One register tile of columns: the im2col rows are read where they lie, K walked row
-    by row of channels, unless the image is beyond L2 (then packing streams it)."""
+@pytest.mark.parametrize("side,columns,kernel,in_place", [
+    (20, 16, 3, True), (20, 32, 3, True),  # one or two micro-panels of a cached image
+    (400, 16, 3, False),  # beyond L2: packing streams it
+    (20, 64, 3, False),  # tiles would each reread the window
+    (20, 16, 1, False)])  # 1x1: no window
+def test_a_window_left_factor_is_read_in_place_where_it_pays(side, columns, kernel, in_place):
+    """A window's im2col rows read where they lie, K walked row by row of channels."""
     target = host()
-    assert ((side + 2) ** 2 * 16 * 4 <= target.l2_bytes) == cached
-    resolved = resolve(window_product(side), GemmConfig(), target)
-    assert resolved.config.block_n == resolved.config.micro_n == 16
-    assert resolved.in_place[0] == cached
+    assert ((side + 2) ** 2 * 16 * 4 <= target.l2_bytes) == (side < 400)
+    resolved = resolve(window_product(side, columns, kernel), GemmConfig(), target)
+    assert resolved.in_place[0] == in_place
     # In place, the multiply-adds broadcast the image's elements themselves.
-    assert ("fma(broadcast(x0[" in program(resolved)) == cached
+    assert ("fma(broadcast(x0[" in program(resolved)) == in_place

@@ -29,6 +29,9 @@ from treadle.schedule.templates.gemm.pattern import (ROLES, GemmPattern, f32, pl
                                                      round_up, static)
 from treadle.target.cpu import CpuTarget
 
+# Micro-panels of N a window read in place may feed: two (ResNeXt's 32-channel groups)
+# ran 1.35x faster in place, each reading the window from L1 rather than packing it.
+WINDOW_PANELS = 2
 STACK_BYTES = 1 << 20  # the packed panels and accumulator live on a thread's stack
 CACHE_LINE = 64
 # Time to pack one element, in multiply-adds (measured on 1024^3): A goes through the left
@@ -78,12 +81,18 @@ class ResolvedGemm:
 
     @property
     def _window_in_place(self) -> bool:
-        """A left factor read through a window, in place: one micro-panel is all of N (a
-        grouped convolution's 16 columns; where tiles split a wider N each rereads the
-        window, and ResNet-50's 3x3 layers ran 3-5% slower), K has rows, and the factor
-        fits L2 (see in_place)."""
-        return (self.cached_left and product(self.extents["n"]) == self.cfg.micro_n
-                and k_row(self.extents["k"]) is not None)
+        """A left factor read through a window of several taps, in place: the tile's
+        columns all of N and at most WINDOW_PANELS micro-panels (a grouped convolution's 16
+        or 32; where tiles split a wider N each rereads the window, and ResNet-50's 3x3
+        layers ran 3-5% slower), K with rows, and the factor within L2 (see in_place). A
+        1x1 convolution is no such window: EfficientNet's projections, whose input a
+        squeeze-and-excitation gate scales in a prologue fused later, ran slower in place."""
+        n, row = product(self.extents["n"]), k_row(self.extents["k"])
+        if not (self.cached_left and row is not None and isinstance(n, int)
+                and self.cfg.block_n >= n):
+            return False
+        taps = product(self.extents["k"][:-row[0]])
+        return taps != 1 and n <= WINDOW_PANELS * self.cfg.micro_n
 
     @property
     def in_place(self) -> tuple[bool, bool]:
@@ -99,8 +108,8 @@ class ResolvedGemm:
         packing streams them (RegNet's first grouped layer, 3.3 MB, 1.2x slower), so
         such a factor is packed."""
         cfg = self.cfg
-        return (cfg.block_n == cfg.micro_n
-                and (plain_left(self.pattern) or self._window_in_place),
+        return (cfg.block_n == cfg.micro_n and plain_left(self.pattern)
+                or self._window_in_place,
                 cfg.block_m == cfg.micro_m and self.panels is None
                 and right_row(self.pattern) is not None)
 

@@ -39,7 +39,16 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+# The default run takes one model per kind of layer the importer converts (residual CNN,
+# grouped convolutions with squeeze-and-excitation, mixed depthwise splits, instance
+# normalisation, attention, a vision-transformer block); ``-m slow`` the rest of the zoo.
+BACKEND_DEFAULT = {"resnet50", "regnet_y_800mf", "mixnet_s", "candy", "gpt2",
+                   "efficientvit_block"}
+
+
+@pytest.mark.parametrize("name", [n if n in BACKEND_DEFAULT else
+                                  pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(MODELS)])
 def test_zoo_through_the_backend_matches_eager(name, tmp_path, fresh_dynamo):
     model = build(name, reduced=True)
     inputs = _zoo_inputs(name, tmp_path)

@@ -145,13 +145,17 @@ def _written_in_place(groups: list[list[Compute]], outputs: Sequence[Compute],
     its own element, and nothing else reads after. Each element is read just before it is
     overwritten, and the kernel writes one tensor of the output's size instead of two."""
     found: dict[Buffer, Buffer] = {}
-    for k, group in enumerate(groups):
+    read_after = [set() for _ in groups]  # buffers the groups after each one read
+    for k in range(len(groups) - 2, -1, -1):
+        read_after[k] = read_after[k + 1] | {n.buffer for c in groups[k + 1]
+                                             for n in walk(inline(c.value))
+                                             if isinstance(n, Load)}
+    for group, later in zip(groups, read_after):
         last = group[-1]
-        later = [c for g in groups[k + 1:] for c in g]
         for c in group[:-1]:
             if (last not in outputs or c in outputs or c.is_reduction
                     or c.shape != last.shape or c.dtype != last.dtype
-                    or any(c.buffer in _loaded(d, inline) for d in later)):
+                    or c.buffer in later):
                 continue
             loads = [n for n in walk(inline(last.value))
                      if isinstance(n, Load) and n.buffer == c.buffer]
@@ -161,15 +165,8 @@ def _written_in_place(groups: list[list[Compute]], outputs: Sequence[Compute],
     return found
 
 
-def _loaded(c: Compute, inline: Inliner) -> set[Buffer]:
-    return {n.buffer for n in walk(inline(c.value)) if isinstance(n, Load)}
-
-
 def _renamed(stmt: Stmt, buffers: dict[Buffer, Buffer]) -> Stmt:
     """``stmt`` with the loads and stores of each key of ``buffers`` on its value."""
-    if not buffers:
-        return stmt
-
     def visit(n):
         if isinstance(n, (Load, Store)) and n.buffer in buffers:
             return replace(n, buffer=buffers[n.buffer])

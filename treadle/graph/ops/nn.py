@@ -265,7 +265,7 @@ def _instance_normalization(ctx: OpContext, layout: Layout):
     _rank_at_least(ctx, x, 3, "input 0")
     _, channels, _ = layout.split(x.shape)
     scale, bias = _per_channel(ctx, 1, channels), _per_channel(ctx, 2, channels)
-    axes = [a for a in range(1, x.rank) if a != (x.rank - 1 if layout.channels_last else 1)]
+    axes = list(range(1, x.rank - 1) if layout.channels_last else range(2, x.rank))
     work = accumulator(x.dtype)
     mean, inv_std = _moments(x, axes, float(ctx.attr("epsilon", 1e-5)), work)
 
@@ -277,6 +277,11 @@ def _instance_normalization(ctx: OpContext, layout: Layout):
 
 
 register("InstanceNormalization")(lambda ctx: _instance_normalization(ctx, NCHW))
+# Channels-last (``passes.channels_last``): N x spatial x C, moments over the spatial axes,
+# which the rule-based schedule sums a whole row of channels at a time.
+register("ChannelsLastInstanceNormalization", internal=True)(
+    lambda ctx: _instance_normalization(ctx, NHWC))
+
 
 def _group_normalization(ctx: OpContext, layout: Layout):
     """ONNX GroupNormalization: the channels in ``num_groups`` groups, each normalised over
@@ -320,10 +325,6 @@ def _group_normalization(ctx: OpContext, layout: Layout):
 register("GroupNormalization")(lambda ctx: _group_normalization(ctx, NCHW))
 register("ChannelsLastGroupNormalization", internal=True)(
     lambda ctx: _group_normalization(ctx, NHWC))
-# Channels-last (``passes.channels_last``): N x spatial x C, moments over the spatial axes,
-# which the rule-based schedule sums a whole row of channels at a time.
-register("ChannelsLastInstanceNormalization", internal=True)(
-    lambda ctx: _instance_normalization(ctx, NHWC))
 
 
 @register("BatchNormalization")

@@ -242,21 +242,30 @@ def _order_free(t: Tensor) -> bool:
     return all(isinstance(d, int) and d == 1 for d in t.shape)
 
 
+def _sunk(node: Operator, x: Tensor, build) -> Optional[Sequence[Tensor]]:
+    """``node``'s result from its channels-last twin, ``build(source, perm)`` (None where
+    there is none), when ``x`` is a channels-last tensor transposed back: the transpose
+    moves after it."""
+    found = _back_to_first(x)
+    y = None if found is None else build(*found)
+    return None if y is None else [_transpose(y, found[1], f"{node.name}/sunk")]
+
+
 def _sink_pad(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
-    found = _back_to_first(inputs[0])
     pads = inputs[1] if len(inputs) > 1 else None
-    if found is None or pads is None or pads.value is None or len(inputs) > 3:
+    if pads is None or pads.value is None or len(inputs) > 3:
         return None
-    source, perm = found
-    widths, rank = list(pads.value), len(perm)
-    if len(widths) != 2 * rank:
-        return None
-    moved = [0] * (2 * rank)
-    for k, p in enumerate(perm):
-        moved[p], moved[p + rank] = widths[k], widths[k + rank]
-    new_pads = constant(np.array(moved, np.int64), f"{node.name}/pads")
-    y = apply("Pad", [source, new_pads, *inputs[2:]], node.attrs, node.name)[0]
-    return [_transpose(y, perm, f"{node.name}/sunk")]
+
+    def build(source: Tensor, perm: list[int]) -> Optional[Tensor]:
+        widths, rank = list(pads.value), len(perm)
+        if len(widths) != 2 * rank:
+            return None
+        moved = [0] * (2 * rank)
+        for k, p in enumerate(perm):
+            moved[p], moved[p + rank] = widths[k], widths[k + rank]
+        new_pads = constant(np.array(moved, np.int64), f"{node.name}/pads")
+        return apply("Pad", [source, new_pads, *inputs[2:]], node.attrs, node.name)[0]
+    return _sunk(node, inputs[0], build)
 
 
 def _sink_concat(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
@@ -295,49 +304,40 @@ def _sink_split(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
 def _sink_global_pool(node: Operator, x: Tensor) -> Optional[Sequence[Tensor]]:
     """A global pooling (a squeeze-and-excitation gate's) reduces the spatial axes of the
     channels-last tensor: its producer then writes one layout instead of two."""
-    found = _back_to_first(x)
-    if found is None:
-        return None
-    source, perm = found
-    axes = list(range(1, len(perm) - 1))
-    y = apply(GLOBAL_POOLS[node.op_type], [source], {"axes": axes, "keepdims": 1}, node.name)[0]
-    return [_transpose(y, perm, f"{node.name}/sunk")]
+    return _sunk(node, x, lambda source, perm: apply(
+        GLOBAL_POOLS[node.op_type], [source],
+        {"axes": list(range(1, len(perm) - 1)), "keepdims": 1}, node.name)[0])
 
 
 def _sink_norm(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
     """Instance and group normalisation channels-last: their moments are column sums over
     the pixels (Candy's every layer; NCHW between them cost each convolution a transposed
     store and each reflection padding a transposed copy)."""
-    found = _back_to_first(inputs[0])
-    if found is None:
-        return None
-    source, perm = found
-    y = apply(NORMS[node.op_type], [source, *inputs[1:]], node.attrs, node.name)[0]
-    return [_transpose(y, perm, f"{node.name}/sunk")]
+    return _sunk(node, inputs[0], lambda source, perm: apply(
+        NORMS[node.op_type], [source, *inputs[1:]], node.attrs, node.name)[0])
 
 
 def _sink_resize(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
     """A resize with constant scales or sizes (an upsampling between layers) resizes the
     channels-last tensor, its scales or sizes moved with the axes."""
-    found = _back_to_first(inputs[0])
-    if found is None or node.attrs.get("axes") is not None or not all(
-            t is None or t.is_constant for t in inputs[1:]):
-        return None
-    source, perm = found
     roi = inputs[1] if len(inputs) > 1 else None
-    if roi is not None and roi.data.size:
+    if node.attrs.get("axes") is not None or not all(
+            t is None or t.is_constant for t in inputs[1:]) or (roi is not None
+                                                                 and roi.data.size):
         return None
-    moved = list(inputs[1:])
-    for k, given in enumerate(inputs[2:4], start=2):
-        if given is None or not given.data.size:
-            continue
-        if given.data.size != len(perm):
-            return None
-        values = np.empty_like(given.data)
-        values[perm] = given.data
-        moved[k - 1] = constant(values, f"{node.name}/moved{k}", given.dtype)
-    y = apply("Resize", [source, *moved], node.attrs, node.name)[0]
-    return [_transpose(y, perm, f"{node.name}/sunk")]
+
+    def build(source: Tensor, perm: list[int]) -> Optional[Tensor]:
+        moved = list(inputs[1:])
+        for k, given in enumerate(inputs[2:4], start=2):
+            if given is None or not given.data.size:
+                continue
+            if given.data.size != len(perm):
+                return None
+            values = np.empty_like(given.data)
+            values[perm] = given.data
+            moved[k - 1] = constant(values, f"{node.name}/moved{k}", given.dtype)
+        return apply("Resize", [source, *moved], node.attrs, node.name)[0]
+    return _sunk(node, inputs[0], build)
 
 
 def _unflatten_pixels(node: Operator, x: Tensor) -> Optional[Sequence[Tensor]]:
@@ -359,4 +359,3 @@ def _unflatten_pixels(node: Operator, x: Tensor) -> Optional[Sequence[Tensor]]:
     image = dims_tensor([batch, *spatial, channels], f"{node.name}/pixels")
     last = apply("Reshape", [tokens, image], {}, f"{node.name}/last")[0]
     return [_transpose(last, to_first(len(shape)), f"{node.name}/sunk")]
-

@@ -33,7 +33,7 @@ def register_tile(fb: FunctionBuilder, tile: RegisterTile, acc: Buffer, origin: 
     ``last`` = (condition, finish), where the condition holds the registers go to
     ``finish(regs)`` instead of acc. ``walk``, when given, yields the K positions instead
     of one loop over depth, as (kk, coordinates) pairs that ``step`` takes whole (rows
-    of K in loops of their own: packing.k_walk)."""
+    of K in loops of their own: packing.k_walk), summed in one chain."""
     lanes, mr, vectors = tile.lanes, tile.rows, tile.vectors
     registers = repeat(mr, vectors, kind="unroll")
     *slot, row, col = origin

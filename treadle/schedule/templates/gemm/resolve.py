@@ -100,13 +100,12 @@ class ResolvedGemm:
         that only one register tile reads per K block (the macro-tile is one micro-panel
         wide in the other factor's direction: GEMV, tall-skinny shapes), as packing it
         would cost as much as the products. A left factor read through a window (a
-        grouped convolution's im2col) is read in place only where K has rows (k_row):
-        the micro-kernel then walks K row by row, a window position's address computed
-        once per row; per position it cost more than packing (RegNet's 16-channel
+        grouped convolution's im2col) is read in place under _window_in_place's
+        conditions, K walked row by row (k_row), a window position's address computed
+        once per row: per position it cost more than packing (RegNet's 16-channel
         groups ran 1.2x slower). In place from beyond L2 the reads of a tile's rows of
         pixels, a group's cache line of each, wait on memory between multiply-adds, where
-        packing streams them (RegNet's first grouped layer, 3.3 MB, 1.2x slower), so
-        such a factor is packed."""
+        packing streams them (RegNet's first grouped layer, 3.3 MB, 1.2x slower)."""
         cfg = self.cfg
         return (cfg.block_n == cfg.micro_n and plain_left(self.pattern)
                 or self._window_in_place,
@@ -142,11 +141,11 @@ def _fitted(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget, env: Mappi
     M, N, K = sizes["m"], sizes["n"], sizes["k"]
     workers = threads if cfg.split_k == 1 else worker_groups(cfg, threads)
     panels = panel_layout(pattern, extents, cfg.micro_n) if pattern.constant_right else None
+    cached_left = _left_bytes(pattern) <= target.l2_bytes
 
     def fitted(config: GemmConfig) -> ResolvedGemm:
         return ResolvedGemm(pattern, config, threads, register_lanes(config, target),
-                            cached_left=_left_bytes(pattern) <= target.l2_bytes,
-                            extents=extents, panels=panels)
+                            cached_left=cached_left, extents=extents, panels=panels)
     clamped = _clamped(cfg, M, N, K)
     if fitted(clamped).in_place[1]:
         clamped = _streaming(clamped, M, N, K)

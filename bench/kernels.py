@@ -3,6 +3,7 @@
     python bench/kernels.py resnext50 --repeat 20
     python bench/kernels.py mixnet_s --reduced --repeat 5
     python bench/kernels.py model.onnx --dim batch=1 --threads 2 --top 20
+    python bench/kernels.py regnet_y_800mf --grouped --repeat 30
 
 (from the repository root with PYTHONPATH=., or with treadle installed)
 
@@ -25,6 +26,11 @@ fuse differently, a group can span a whole block); a group's time is the sum of 
 kernels' in a run, median over runs. The ``--top`` groups where treadle's time exceeds ONNX
 Runtime's the most are printed with both times. treadle's kernel times include a Python
 call each (microseconds) that its ordinary runs do not pay.
+
+``--grouped`` prints a row per grouped convolution (1 < group < input channels) instead:
+treadle's kernel named after the node and ONNX Runtime's nodes that cover it, with their
+fused neighbours (activations), median time per run, and how many other nodes each takes
+in: a row compares like with like where those counts agree.
 """
 from __future__ import annotations
 
@@ -284,6 +290,51 @@ def compare(nodes: list[Node], treadle: tuple[list, str], ort: tuple[list, onnx.
     return sorted(rows, key=lambda r: r.lost_s, reverse=True)
 
 
+def node_times(node: str, runs: list[dict[str, float]], cover: dict[str, set[str]],
+               anchored: bool) -> tuple[float, set[str]]:
+    """Median seconds per run of the kernels that cover ``node`` (``anchored``: of those
+    named after it, not of those that merely take in a part of it, as a previous kernel
+    does the node's padding), and the nodes they cover."""
+    kernels = [k for k, nodes in cover.items()
+               if (node_of(k, {node}) == node if anchored else node in nodes)]
+    covered = set().union(*(cover[k] for k in kernels))
+    return statistics.median(sum(run.get(k, 0.0) for k in kernels) for run in runs), covered
+
+
+def grouped_convolutions(model: onnx.ModelProto, nodes: list[Node]) -> list[Node]:
+    """The model's convolutions of 1 < group < input channels."""
+    weights = {t.name: t.dims for t in model.graph.initializer}
+    grouped = []
+    by_name = {n.name: n for n in nodes}
+    for index, proto in enumerate(model.graph.node):
+        node = by_name.get(node_name(proto, index))
+        group = next((a.i for a in proto.attribute if a.name == "group"), 1)
+        if node and proto.op_type == "Conv" and proto.input[1] in weights and group > 1 \
+                and weights[proto.input[1]][1] > 1:  # more than one input channel per group
+            grouped.append(node)
+    return grouped
+
+
+def print_layers(layers: list[Node], treadle: tuple[list, str],
+                 ort: tuple[list, onnx.GraphProto], nodes: list[Node]) -> None:
+    ours_cover = treadle_cover(treadle[1], nodes)
+    theirs_cover = ort_cover(nodes, ort[1])
+    header = f"{'treadle ms':>10} {'ORT ms':>8} {'ORT/treadle':>11}  node (other nodes covered)"
+    print(header)
+    print("-" * len(header))
+    ratios = []
+    for layer in layers:
+        ours_s, ours_nodes = node_times(layer.name, treadle[0], ours_cover, True)
+        theirs_s, theirs_nodes = node_times(layer.name, ort[0], theirs_cover, False)
+        ratios.append(theirs_s / ours_s)
+        extra = f"treadle +{len(ours_nodes) - 1}, ORT +{len(theirs_nodes) - 1}"
+        print(f"{ours_s * 1e3:>10.3f} {theirs_s * 1e3:>8.3f} {ratios[-1]:>10.2f}x  "
+              f"{layer.name} ({extra})")
+    if ratios:
+        print(f"lowest {min(ratios):.2f}x, geometric mean "
+              f"{statistics.geometric_mean(ratios):.2f}x over {len(ratios)} grouped convolutions")
+
+
 def _label(root: str, members: list[Node]) -> str:
     if not members:  # a kernel that covers none of the file's nodes
         return root
@@ -338,6 +389,8 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=10, help="groups printed")
     parser.add_argument("--dim", type=_dim, action="append", default=[],
                         metavar="NAME=SIZE", help="the size of a symbolic dimension")
+    parser.add_argument("--grouped", action="store_true",
+                        help="a row per grouped convolution instead of the top groups")
     parser.add_argument("--warm-cache", action="store_true",
                         help="compile into the user's kernel cache instead of a fresh one")
     args = parser.parse_args(argv)
@@ -348,12 +401,16 @@ def main(argv=None) -> int:
         path, inputs = model_inputs(args)
     except ValueError as error:  # a symbolic dimension that --dim does not size
         parser.error(str(error))
-    nodes = model_nodes(onnx.load(str(path)))
+    model = onnx.load(str(path))
+    nodes = model_nodes(model)
     with contextlib.ExitStack() as stack:
         enter_treadle_settings(stack, args.threads, args.warm_cache)
         ours = treadle_runs(path, inputs, args.tune, args.repeat)
     theirs = ort_runs(path, inputs, args.threads, args.repeat)
-    print_report(compare(nodes, ours, theirs), args.top)
+    if args.grouped:
+        print_layers(grouped_convolutions(model, nodes), ours, theirs, nodes)
+    else:
+        print_report(compare(nodes, ours, theirs), args.top)
     return 0
 
 

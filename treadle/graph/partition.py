@@ -12,9 +12,10 @@ rules, plus the operators fused into it after scheduling:
 * prologues: injective groups (every operator computes each output element from its
   inputs without reducing) whose results only one other group reads; they are inlined at
   that group's loads. Padding and resizing are never inlined into a reader
-  (``MATERIALISED``); a constant padding of an anchor's result is its last epilogue
-  instead: the kernel stores each element at its padded position and fills the border
-  itself (``padding_of``).
+  (``MATERIALISED``); a padding of an anchor's result is its last epilogue instead: the
+  kernel stores each element at its padded position and fills the border itself, with
+  a constant or, for edge and reflect modes, copies of the elements it wrote
+  (``padding_of``; a folded padding only where ``_padding_fits``).
 
 A group may produce several tensors: the last epilogue's result and any in-group tensor
 that something outside the group still reads. Groups never form a cycle: an operator joins
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from treadle.graph.graph import Graph
+from treadle.graph.ops.transform import PAD_MODES
 from treadle.graph.operator import Operator
 from treadle.graph.tensor import Tensor
 from treadle.ir.compute import Compute, reachable
@@ -86,19 +88,30 @@ def is_injective(op: Operator) -> bool:
 
 @dataclass(frozen=True)
 class Padding:
-    """An operator whose element at index i is its input's at i - ``before``, and
-    ``fill`` past the input's edges."""
+    """An operator whose element at index i is its input's at i - ``before`` inside the
+    input's edges and, past them, ``fill``, or where ``fill`` is None the element that
+    ``mode`` (edge, reflect) folds the position back to."""
     before: tuple[int, ...]
-    fill: Const
+    fill: Const | None
+    mode: str = "constant"
+
+
+# Pad modes whose border repeats the input's own elements; a kernel writing the interior
+# fills such a border by copying after it (see fusion). Wrap stays a kernel of its own.
+FOLDED_MODES = ("edge", "reflect")
 
 
 def padding_of(op: Operator) -> Padding | None:
-    """The padding a constant-mode Pad (with a constant fill) applies, read off its
-    definition ``select(inside, x[i - before], fill)``; None for any other operator."""
+    """The padding a Pad applies: constant mode with a constant fill, read off its
+    definition ``select(inside, x[i - before], fill)``, or edge or reflect mode, whose
+    definition reads x at each position folded back; None for any other operator."""
     if op.op_type != "Pad" or len(op.definition) != 1:
         return None
     out = op.definition[0]
     value = out.value
+    mode = op.attrs.get("mode", "constant")
+    if mode in FOLDED_MODES:
+        return _folded_padding(op, mode)
     if not (isinstance(value, Select) and isinstance(value.then, Load)
             and isinstance(value.otherwise, Const)
             and value.then.buffer == op.input_buffers[0]
@@ -106,8 +119,32 @@ def padding_of(op: Operator) -> Padding | None:
         return None
     offsets = [simplify_expr(axis - index) for axis, index in zip(out.axes, value.then.indices)]
     if not all(isinstance(o, Const) and o.value >= 0 for o in offsets):
-        return None  # a crop, or a mode that folds positions back (edge, reflect, wrap)
+        return None  # a crop
     return Padding(tuple(int(o.value) for o in offsets), value.otherwise)
+
+
+def _folded_padding(op: Operator, mode: str) -> Padding | None:
+    """An edge or reflect padding of dimensions of static sizes (others may be symbolic):
+    each padded dimension's offset is the one at which the definition is exactly that
+    mode's."""
+    out, load = op.definition[0], op.definition[0].value
+    if not (isinstance(load, Load) and load.buffer == op.input_buffers[0]):
+        return None
+    before = []
+    for axis, index, size, inner in zip(out.axes, load.indices, out.shape, op.inputs[0].shape):
+        index = simplify_expr(index)
+        size, inner = (d.value if isinstance(d, Const) else d for d in (size, inner))
+        if index == axis:
+            before.append(0)
+            continue
+        if not (isinstance(size, int) and isinstance(inner, int)):
+            return None
+        offsets = [b for b in range(size - inner + 1)
+                   if simplify_expr(as_expr(PAD_MODES[mode](axis - b, inner))) == index]
+        if not offsets:
+            return None
+        before.append(offsets[0])
+    return Padding(tuple(before), None, mode)
 
 
 def reads_one_to_one(op: Operator, tensors: set[int]) -> bool:
@@ -198,11 +235,27 @@ class _Partitioner:
                 group.epilogues.remove(op)
                 del self.group_of[id(op)]
 
+    def _padding_fits(self, op: Operator) -> bool:
+        """Whether a padding joins its producer's kernel. A folded one (edge, reflect) only
+        as the kernel's sole result read by anchors alone: an injective reader would take
+        the padded tensor into its own kernel through a prologue (Candy's last 9x9
+        convolution, NCHW, read its input's transposition so and ran 4.5x slower), and
+        Candy's residual sums written twice, plain and padded, ran three times slower than
+        a kernel each."""
+        if padding_of(op).fill is not None:
+            return True
+        source = op.inputs[0]
+        return (self.consumers.get(id(source), []) == [op] and id(source) not in self.graph_outputs
+                and all(not (is_injective(r) or is_view(r))
+                        for r in self.consumers.get(id(op.outputs[0]), [])))
+
     def _can_be_epilogue(self, op: Operator, group: Group, produced: set[int]) -> bool:
         if id(op) in self.group_of:
             return False
-        if is_view(op) or padding_of(op) is not None:
+        if is_view(op):
             return id(op.inputs[0]) in produced
+        if padding_of(op) is not None:
+            return id(op.inputs[0]) in produced and self._padding_fits(op)
         if not is_injective(op):
             return False
         if not reads_one_to_one(op, produced):

@@ -10,8 +10,9 @@ fused into the scheduled program afterwards. No schedule knows what is fused int
   store per tensor the plan writes, each computed from that value by the epilogues.
   Epilogues read in-plan tensors at their own index (see ``graph.partition``), so the
   stored element's indices are theirs, up to the reshapes in between, which map them.
-  A padding epilogue shifts the index, and the kernel first fills the padded tensor's
-  border, so no padded copy is made.
+  A padding epilogue shifts the index, and the kernel fills the padded tensor's border
+  itself, so no padded copy is made: before the body with a constant, after it with
+  copies of the elements the body wrote (edge and reflect modes).
 
 A schedule that loads a prologue's tensor or stores the anchor's output as a vector, or
 reads its own output back, cannot take the substitution: ``FusionError``, and the caller
@@ -26,6 +27,7 @@ from typing import Callable, Iterator, Sequence
 from treadle.errors import TreadleError
 from treadle.graph.operator import Operator
 from treadle.graph.kernel_plan import KernelPlan, single
+from treadle.graph.ops.transform import PAD_MODES
 from treadle.graph.partition import Padding, element_map, is_view, padding_of
 from treadle.graph.tensor import Dim, Tensor, normalize_dim
 from treadle.ir.compute import Compute, reachable
@@ -154,7 +156,7 @@ def _apply_epilogues(body: Stmt, plan: KernelPlan, buffers: _TensorBuffers) -> S
     # the anchor's element at ``axes`` gives.
     values: dict[int, Expr] = {id(anchor): stored}
     index_of: dict[int, tuple[Expr, ...]] = {id(anchor): axes}
-    borders = []
+    borders, folded = [], []  # filled before the body, and copied from it after it
     for op in plan.epilogues:
         out, padding = op.outputs[0], padding_of(op)
         if is_view(op) or padding is not None:  # the same value, at another index
@@ -166,7 +168,8 @@ def _apply_epilogues(body: Stmt, plan: KernelPlan, buffers: _TensorBuffers) -> S
             else:
                 index_of[id(out)] = tuple(i + b if b else i for i, b in zip(index,
                                                                             padding.before))
-                borders.append(_fill_border(buffers.of(out), source.shape, padding, fresh))
+                border = _fill_border(buffers.of(out), source.shape, padding, fresh)
+                (folded if padding.fill is None else borders).append(border)
             continue
         tensor_of = dict(zip(op.input_buffers, op.inputs))
         indices = {_index_through(load, op.definition[0], index_of[id(tensor_of[load.buffer])])
@@ -192,7 +195,7 @@ def _apply_epilogues(body: Stmt, plan: KernelPlan, buffers: _TensorBuffers) -> S
         writes = [Store(buffers.of(t), tuple(substitute(i, env) for i in index_of[id(t)]),
                         substitute(values[id(t)], env)) for t in plan.outputs]
         return Seq((Let(var, node.value), *writes))
-    return Seq((*borders, rewrite(body, visit)))
+    return Seq((*borders, rewrite(body, visit), *folded))
 
 
 def _view_index(index: Sequence[Expr], source: Sequence[Dim], out: Sequence[Dim]) -> tuple:
@@ -231,13 +234,17 @@ def _fresh_names(plan: KernelPlan) -> Iterator[str]:
 
 def _fill_border(buffer: Buffer, inner: Sequence[Dim], padding: Padding,
                  fresh: Iterator[str]) -> Stmt:
-    """Stores the fill at every index of ``buffer`` outside the box of ``inner`` elements
-    from ``padding.before``: for each dimension d, the slab before the box and the one
-    after it, spanning the box in the dimensions before d and everything in those after
-    (disjoint slabs, each a loop nest over contiguous rows)."""
+    """Fills every index of ``buffer`` outside the box of ``inner`` elements from
+    ``padding.before``: for each dimension d, the slab before the box and the one after
+    it, spanning the box in the dimensions before d and everything in those after
+    (disjoint slabs, each a loop nest over contiguous rows). A constant fill is stored; a
+    folded mode copies the element its position folds back to along d, which lies in the
+    box along d and the dimensions before it: dimensions are filled last to first, so
+    the slabs of those after d, which it may lie in, are filled already."""
     shape, before = buffer.shape, padding.before
     nests = []
-    for d in range(len(shape)):
+    dims = range(len(shape)) if padding.fill is not None else reversed(range(len(shape)))
+    for d in dims:
         after = simplify_expr(as_expr(shape[d]) - before[d] - inner[d])
         slabs = ((as_expr(0), as_expr(before[d])), (as_expr(before[d] + inner[d]), after))
         for start, extent in slabs:
@@ -247,7 +254,12 @@ def _fill_border(buffer: Buffer, inner: Sequence[Dim], padding: Padding,
             index = ([a + b for a, b in zip(axes[:d], before[:d])] + [axes[d] + start]
                      + axes[d + 1:])
             extents = [*inner[:d], extent, *shape[d + 1:]]
-            nest: Stmt = Store(buffer, tuple(index), padding.fill)
+            if padding.fill is not None:
+                nest: Stmt = Store(buffer, tuple(index), padding.fill)
+            else:
+                fold = PAD_MODES[padding.mode](index[d] - before[d], inner[d]) + before[d]
+                source = tuple(simplify_expr(fold) if k == d else i for k, i in enumerate(index))
+                nest = Store(buffer, tuple(index), Load(buffer, source))
             for axis, e in reversed(list(zip(axes, extents))):
                 nest = For(axis, as_expr(e), nest)
             nests.append(nest)

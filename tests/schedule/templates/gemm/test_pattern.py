@@ -57,19 +57,25 @@ def test_narrow_products_are_left_to_other_templates():
 
 
 def test_a_product_few_columns_wide_but_many_rows_long_swaps_its_factors():
-    """3 columns by 61 rows is 3 rows by 61 columns the other way round: the weights
-    become the left factor, and the numbers stay numpy's."""
+    """A convolution to 3 channels is 3 columns by 61 pixels, and 3 rows by 61 columns the
+    other way round: the weights become the left factor, and the numbers stay numpy's. A
+    matrix times 3 columns is not swapped: its results are dot products of contiguous rows,
+    which the rule-based loops compute without packing the matrix."""
     from tests.harness import assert_close
     from treadle import ops
     from treadle.compiler import compile_graph
-    x = Tensor("x", "float32", [61, 24])
-    w = random_array((24, 3), seed=1)
-    op = apply("MatMul", [x, constant(w)])[0].producer
+    x = Tensor("x", "float32", [1, 24, 61, 1])
+    w = random_array((3, 24, 3, 1), seed=1)
+    op = apply("Conv", [x, constant(w)], {"pads": [1, 0, 1, 0]})[0].producer
     pattern = GEMM.match(op)
     out = op.definition[0]
-    assert pattern.m_axes == (out.axes[1],) and pattern.n_axes == (out.axes[0],)
+    assert set(pattern.m_axes) == {out.axes[1]} and out.axes[2] in pattern.n_axes
     assert not pattern.constant_right
-    a = ops.input("a", "float32", [61, 24])
-    model = compile_graph(ops.graph([a], [ops.matmul(a, ops.constant(w))]))
-    xv = random_array((61, 24), seed=2)
-    assert_close(model(xv)[0], xv @ w, reduction=24)
+    a = ops.input("a", "float32", [1, 24, 61, 1])
+    model = compile_graph(ops.graph([a], [ops.conv2d(a, ops.constant(w), padding=(1, 0))]))
+    xv = random_array((1, 24, 61, 1), seed=2)
+    padded = np.pad(xv[0, :, :, 0], ((0, 0), (1, 1)))
+    expected = np.stack([sum(w[:, :, t, 0] @ padded[:, t:t + 61] for t in range(3))])
+    assert_close(model(xv)[0][:, :, :, 0], expected, reduction=72)
+    rows = Tensor("rows", "float32", [61, 24])
+    assert GEMM.match(apply("MatMul", [rows, constant(w[:, :, 0, 0].T)])[0].producer) is None

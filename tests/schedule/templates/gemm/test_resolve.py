@@ -140,7 +140,7 @@ def window_product(side, columns=16, kernel=3, group_channels=16, groups=None):
 @pytest.mark.parametrize("side,columns,kernel,in_place", [
     (20, 16, 3, True), (20, 32, 3, True),  # one or two micro-panels of a cached image
     (400, 16, 3, False),  # beyond L2: packing streams it
-    (20, 64, 3, False),  # tiles would each reread the window
+    (20, 96, 3, False),  # tiles would each reread the window
     (20, 16, 1, False)])  # 1x1: no window
 def test_a_window_left_factor_is_read_in_place_where_it_pays(side, columns, kernel, in_place):
     """A window's im2col rows read where they lie, K walked row by row of channels."""
@@ -150,6 +150,19 @@ def test_a_window_left_factor_is_read_in_place_where_it_pays(side, columns, kern
     assert resolved.in_place[0] == in_place
     # In place, the multiply-adds broadcast the image's elements themselves.
     assert ("fma(broadcast(x0[" in program(resolved)) == in_place
+
+
+def test_a_window_of_up_to_64_columns_takes_a_register_tile_32_wide():
+    """Where 32 columns fill two 512-bit registers, a cached window 64 columns wide gets
+    a 6 x 32 register tile (rows evened to the image's width: 20 = 4 x 5) and is read in
+    place; with 256-bit registers (8 per 64 columns) it stays 16 wide and packed."""
+    target = host()
+    resolved = resolve(window_product(20, 64, 3), gemm_space(0, target)[0], target)
+    wide = target.register_lanes(32) == 16
+    assert resolved.in_place[0] == wide
+    assert resolved.config.micro_n == (32 if wide else gemm_space(0, target)[0].micro_n)
+    if wide:
+        assert resolved.config.micro_m == 5 and 20 % resolved.config.micro_m == 0
 
 
 @pytest.mark.parametrize("side", [7, 13, 14, 28, 17])

@@ -78,7 +78,8 @@ def conv_model(side, channels, filters, stride=1, batch="n"):
 
 
 @pytest.mark.parametrize("batch,side,channels,filters,tile", [
-    (1, 16, 16, 16, 2), (2, 11, 24, 32, 2), (1, 17, 32, 32, 2), (1, 29, 64, 64, 4)])
+    (1, 16, 16, 16, 2), (2, 11, 24, 32, 2), (1, 17, 32, 32, 2), (1, 28, 64, 64, 4),
+    (1, 29, 64, 64, 2)])  # 29 = 7 tiles of 4 and a partial one: 2x2 tiles instead
 def test_model_convolution_runs_winograd_and_matches_onnxruntime(batch, side, channels,
                                                                  filters, tile):
     model = conv_model(side, channels, filters, batch=batch)

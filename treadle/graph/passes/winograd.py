@@ -65,6 +65,7 @@ def _tile(node: Operator, inputs: list) -> Optional[int]:
 
     def tiles(side: int) -> int:
         return batch * math.ceil((height - 2) / side) * math.ceil((width - 2) / side)
-    if tiles(4) >= MIN_TILES and channels >= LARGE_TILE_CHANNELS:
+    whole = (height - 2) % 4 == 0 and (width - 2) % 4 == 0
+    if tiles(4) >= MIN_TILES and channels >= LARGE_TILE_CHANNELS and whole:
         return 4
     return 2 if tiles(2) >= MIN_TILES else None

@@ -5,7 +5,7 @@ Capacities come from the system (``target.cpu``). Latency and bandwidth come fro
 probe, one C file built like any kernel: a pointer chase through a random cycle of cache
 lines sized to half of each level (nanoseconds per dependent load) and a streaming sum
 over the same sizes (bytes per nanosecond on one core), plus independent FMA chains for
-the peak. It takes about a second and is cached per machine under
+the peak. It takes a few seconds and is cached per machine under
 ``<cache_dir>/target/``, keyed by the CPU model, its features and caches. Where probing
 fails, conservative defaults stand in (``source`` says which). Registers are not probed:
 their latency is one cycle of the probed clock and their bandwidth four times L1's (two
@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 FORMAT = "treadle-memory-1"
 DRAM_BYTES = 1 << 40  # "unbounded" for the formulas
 DRAM_PROBE_BYTES = 256 << 20
+# A cache level is probed over half its size up to this: a server's shared L3 (300 MB on
+# one 2-core machine) took half a minute to walk, and 32 MB is as far beyond L2 as needed.
+CACHE_PROBE_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -113,9 +116,11 @@ def probe(target: CpuTarget) -> MemoryHierarchy:
     caches = {"L1": target.l1d_bytes, "L2": target.l2_bytes, "L3": target.l3_bytes}
     levels = []
     for name, capacity in [*caches.items(), ("DRAM", DRAM_BYTES)]:
-        size = capacity // 2 if name != "DRAM" else max(DRAM_PROBE_BYTES, 4 * target.l3_bytes)
-        latency = min(chase(size, 1 << 20) for _ in range(3))
-        bytes_per_ns = max(stream(size, max(1 << 26, 4 * size) // size) for _ in range(3))
+        size = (min(capacity // 2, CACHE_PROBE_BYTES) if name != "DRAM"
+                else max(DRAM_PROBE_BYTES, 2 * target.l3_bytes))
+        tries = 1 if name == "DRAM" else 3  # memory's is the slow probe, and the steadiest
+        latency = min(chase(size, 1 << 20) for _ in range(tries))
+        bytes_per_ns = max(stream(size, max(1 << 26, 4 * size) // size) for _ in range(tries))
         if not (latency > 0 and bytes_per_ns > 0):
             raise RuntimeError(f"{name}: latency {latency} ns, bandwidth {bytes_per_ns} B/ns")
         levels.append(Level(name, capacity, latency, bytes_per_ns))
@@ -184,7 +189,10 @@ double treadle_probe_chase(int64_t bytes, int64_t hops) {
         *(void **)(memory + order[i] * 64) = memory + order[(i + 1) % lines] * 64;
     void **p = (void **)(memory + order[0] * 64);
     /* The empty asm keeps the compiler from reasoning about the chain. */
-    for (int64_t i = 0; i < lines; ++i) { p = *p; __asm__ volatile("" : "+r"(p)); }
+    /* Warm-up: the whole cycle where it is a cache's, as many hops as are timed beyond. */
+    for (int64_t i = 0; i < (lines < hops ? lines : hops); ++i) {
+        p = *p; __asm__ volatile("" : "+r"(p));
+    }
     double start = now_ns();
     for (int64_t i = 0; i < hops; ++i) { p = *p; __asm__ volatile("" : "+r"(p)); }
     double ns = (now_ns() - start) / hops;

@@ -16,8 +16,8 @@ space are generated and measured together by the tuner's measuring process (rand
 symbolic sizes at 128, arguments rotated to stay cold; medians); "exhaustive" is the
 fastest point measured (the space's, or another method's where that was faster: what
 exhaustive tuning over their union would keep). The fastest of many noisy timings is
-biased low (a memory-bound GEMV's points all lie within the noise, and the luckiest
-looked 1.35x faster than the rest), so the methods' points and exhaustive's pick are then
+biased low (a memory-bound GEMV's points all lie within the noise: one config measured
+183 us in one pass and 380 us in the next), so the methods' points and exhaustive's pick are then
 timed again together, CONFIRM_ROUNDS times, and the table reports the medians of those
 rounds. Construction times are wall time of ``construct`` alone. The table
 gives GFLOP/s and each method's ratio to exhaustive (above 1: faster than exhaustive);

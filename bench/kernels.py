@@ -326,6 +326,9 @@ def print_layers(layers: list[Node], treadle: tuple[list, str],
     for layer in layers:
         ours_s, ours_nodes = node_times(layer.name, treadle[0], ours_cover, True)
         theirs_s, theirs_nodes = node_times(layer.name, ort[0], theirs_cover, False)
+        if not (ours_s and theirs_s):  # fused into another node's kernel on one side
+            print(f"{ours_s * 1e3:>10.3f} {theirs_s * 1e3:>8.3f} {'-':>11}  {layer.name}")
+            continue
         ratios.append(theirs_s / ours_s)
         extra = f"treadle +{len(ours_nodes) - 1}, ORT +{len(theirs_nodes) - 1}"
         print(f"{ours_s * 1e3:>10.3f} {theirs_s * 1e3:>8.3f} {ratios[-1]:>10.2f}x  "

@@ -30,7 +30,7 @@ from typing import Sequence
 from treadle.graph.graph import Graph
 from treadle.graph.ops.transform import PAD_MODES
 from treadle.graph.operator import Operator
-from treadle.graph.tensor import Tensor
+from treadle.graph.tensor import Tensor, normalize_dim
 from treadle.ir.compute import Compute, reachable
 from treadle.ir.expr import Const, Expr, Load, Select, as_expr
 from treadle.ir.simplify import simplify_expr
@@ -133,7 +133,7 @@ def _folded_padding(op: Operator, mode: str) -> Padding | None:
     before = []
     for axis, index, size, inner in zip(out.axes, load.indices, out.shape, op.inputs[0].shape):
         index = simplify_expr(index)
-        size, inner = (d.value if isinstance(d, Const) else d for d in (size, inner))
+        size, inner = normalize_dim(size), normalize_dim(inner)
         if index == axis:
             before.append(0)
             continue
@@ -235,14 +235,14 @@ class _Partitioner:
                 group.epilogues.remove(op)
                 del self.group_of[id(op)]
 
-    def _padding_fits(self, op: Operator) -> bool:
+    def _padding_fits(self, op: Operator, padding: Padding) -> bool:
         """Whether a padding joins its producer's kernel. A folded one (edge, reflect) only
         as the kernel's sole result read by anchors alone: an injective reader would take
         the padded tensor into its own kernel through a prologue (Candy's last 9x9
         convolution, NCHW, read its input's transposition so and ran 4.5x slower), and
         Candy's residual sums written twice, plain and padded, ran three times slower than
         a kernel each."""
-        if padding_of(op).fill is not None:
+        if padding.fill is not None:
             return True
         source = op.inputs[0]
         return (self.consumers.get(id(source), []) == [op] and id(source) not in self.graph_outputs
@@ -254,8 +254,9 @@ class _Partitioner:
             return False
         if is_view(op):
             return id(op.inputs[0]) in produced
-        if padding_of(op) is not None:
-            return id(op.inputs[0]) in produced and self._padding_fits(op)
+        padding = padding_of(op)
+        if padding is not None:
+            return id(op.inputs[0]) in produced and self._padding_fits(op, padding)
         if not is_injective(op):
             return False
         if not reads_one_to_one(op, produced):

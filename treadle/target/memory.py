@@ -3,7 +3,8 @@ registers, L1, L2, L3 and memory, and the peak float32 multiply-add rate of one 
 
 Capacities come from the system (``target.cpu``). Latency and bandwidth come from a small
 probe, one C file built like any kernel: a pointer chase through a random cycle of cache
-lines sized to half of each level (nanoseconds per dependent load) and a streaming sum
+lines sized to half of each level, at most CACHE_PROBE_BYTES, and to twice L3 for memory
+(nanoseconds per dependent load) and a streaming sum
 over the same sizes (bytes per nanosecond on one core), plus independent FMA chains for
 the peak. It takes a few seconds and is cached per machine under
 ``<cache_dir>/target/``, keyed by the CPU model, its features and caches. Where probing

@@ -15,16 +15,17 @@ from typing import Sequence
 
 from treadle.graph.operator import Operator
 from treadle.graph.tensor import normalize_dim
-from treadle.ir.expr import Buffer, Cast, Expr, Load, as_expr
+from treadle.ir.expr import Buffer, Expr, Load, as_expr
 from treadle.ir.functor import free_vars, walk
 from treadle.ir.printer import format_buffer_type, format_expr
 from treadle.schedule.rules import Kernel
 from treadle.schedule.template import canonical_names
 from treadle.schedule.templates.gemm.config import GemmConfig, check_config
 from treadle.schedule.templates.gemm.cost import Work, features, work
-from treadle.schedule.templates.gemm.pattern import (ROLES, GemmPattern, match_gemm,
-                                                     match_gemm_output, plain_left,
-                                                     role_extents, with_constants)
+from treadle.schedule.templates.gemm.pattern import (ROLES, GemmPattern, left_value,
+                                                     match_gemm, match_gemm_output,
+                                                     plain_left, role_extents,
+                                                     with_constants)
 from treadle.schedule.templates.gemm.program import emit
 from treadle.schedule.templates.gemm.resolve import ResolvedGemm, resolve, sized_config
 from treadle.schedule.templates.gemm.space import gemm_space
@@ -136,9 +137,8 @@ def _rows_of_k(pattern: GemmPattern) -> bool:
     then take each of a narrow product's results as a dot product of two contiguous rows,
     where the swapped GEMM would pack (transpose) all of it as its right factor (16384 x 4
     x 1024: 8 ms against 27)."""
-    left = pattern.left.value if isinstance(pattern.left, Cast) else pattern.left
-    return plain_left(pattern) and bool(left.indices) \
-        and left.indices[-1] in pattern.compute.reduce_axes
+    return plain_left(pattern) and bool(left_value(pattern).indices) \
+        and left_value(pattern).indices[-1] in pattern.compute.reduce_axes
 
 
 def _wide_enough(pattern: GemmPattern) -> bool:

@@ -46,8 +46,8 @@ class MacroTile:
         if interleaved_batch(gemm.pattern):
             batches = gemm.size("batch")
             self.batch = gemm.coords(fb, "batch", tile % batches)
-            self.row0 = fb.let("row0", tile // batches // tiles_n * cfg.block_m)
             tile = tile // batches
+            self.row0 = fb.let("row0", tile // tiles_n * cfg.block_m)
         else:
             self.batch = gemm.coords(fb, "batch", tile // (tiles_m * tiles_n))
             self.row0 = fb.let("row0", tile % (tiles_m * tiles_n) // tiles_n * cfg.block_m)

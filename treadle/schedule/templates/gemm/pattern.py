@@ -159,10 +159,15 @@ def right_row(pattern: GemmPattern) -> Load | None:
     return right
 
 
+def left_value(pattern: GemmPattern) -> Expr:
+    """The left factor without the cast to float32 that a half-precision input adds."""
+    return pattern.left.value if isinstance(pattern.left, Cast) else pattern.left
+
+
 def plain_left(pattern: GemmPattern) -> bool:
     """Whether the left factor is a matrix read at its axes (each index one axis or a
     constant), not a window over an image (a convolution's im2col addressing)."""
-    left = pattern.left.value if isinstance(pattern.left, Cast) else pattern.left
+    left = left_value(pattern)
     return isinstance(left, Load) and all(isinstance(i, (Var, Const)) for i in left.indices)
 
 
@@ -170,8 +175,7 @@ def interleaved_batch(pattern: GemmPattern) -> bool:
     """Whether the batch axes index the left factor's innermost dimension, so that the
     batches share its rows in memory (a channels-last grouped convolution's groups, side
     by side in each pixel), rather than each owning rows of its own (attention's heads)."""
-    left = pattern.left.value if isinstance(pattern.left, Cast) else pattern.left
-    loads = [n for n in walk(left) if isinstance(n, Load)]
+    loads = [n for n in walk(left_value(pattern)) if isinstance(n, Load)]
     return bool(pattern.batch_axes) and any(
         free_vars(n.indices[-1]) & set(pattern.batch_axes) for n in loads if n.indices)
 

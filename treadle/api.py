@@ -17,7 +17,6 @@ shapes the program gives their tensors, and cover every tensor no step writes.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
+from treadle.backend.build import sha256_of
 from treadle.compiler import compile_graph
 from treadle.errors import ModelError, NeedsValueError
 from treadle.graph.graph import Graph
@@ -244,7 +244,7 @@ def _write(model: CompiledModel, folder: Path) -> None:
             libraries.setdefault(step.kernel.path, []).append(step.kernel.function)
     library_table = []
     for path, functions in libraries.items():
-        file = f"kernels_{_sha256(path)[:32]}.so"
+        file = f"kernels_{sha256_of(path)[:32]}.so"
         shutil.copyfile(path, folder / file)
         library_table.append((file, list({f.name: f for f in functions}.values())))
     program = {"name": model.name, "slots": ex.slots, "inputs": ex.inputs,
@@ -259,15 +259,11 @@ def _write(model: CompiledModel, folder: Path) -> None:
         names.append(RUNNER)
     shutil.copyfile(pool.library_path(), folder / POOL)
     names.append(POOL)
-    files = {name: _sha256(folder / name) for name in names}
+    files = {name: sha256_of(folder / name) for name in names}
     # The kernels were compiled for this CPU's instruction-set extensions.
     manifest = {"format": FORMAT, "version": VERSION, "name": model.name,
                 "cpu_features": list(host().features), "files": files}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 # ---- loading -------------------------------------------------------------------------------
@@ -284,7 +280,7 @@ def load(directory: str | os.PathLike) -> CompiledModel:
         path = folder / file
         if not path.is_file():
             raise ModelError(f"{path}: missing from the saved model")
-        if _sha256(path) != digest:
+        if sha256_of(path) != digest:
             raise ModelError(f"{path}: corrupt (its sha256 differs from the manifest's)")
     try:
         if POOL in manifest["files"]:

@@ -12,6 +12,7 @@
 | TREADLE_PIN_WORKERS  | pin_workers  | pin each kernel worker thread to a core of its own (1) |
 | TREADLE_VERIFY       | verify       | verify the IR after every pass (1) or only at the end  |
 | TREADLE_CC           | cc           | the C compiler (gcc)                                   |
+| TREADLE_NVCC         | nvcc         | the CUDA compiler (nvcc)                               |
 | TREADLE_PLAN_CACHE   | plan_cache   | memory plans a model keeps, one per set of sizes (64)  |
 """
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Config:
     pin_workers: bool
     verify: bool
     cc: str
+    nvcc: str
     plan_cache: int
 
 
@@ -62,6 +64,7 @@ def from_environment(env=os.environ) -> Config:
         pin_workers=env.get("TREADLE_PIN_WORKERS", "1") not in ("", "0"),
         verify=env.get("TREADLE_VERIFY", "0") not in ("", "0"),
         cc=env.get("TREADLE_CC") or "gcc",
+        nvcc=env.get("TREADLE_NVCC") or "nvcc",
         plan_cache=_positive_int("TREADLE_PLAN_CACHE", plans) if plans else 64,
     )
 

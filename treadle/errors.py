@@ -45,6 +45,12 @@ class KernelError(TreadleError, RuntimeError):
     """A check inside a running kernel failed (for example a symbolic-size condition)."""
 
 
+class RaceError(KernelError):
+    """Two threads of a simulated GPU kernel touch one memory element with no barrier
+    between them, at least one writing; the message names the buffer, the element, the
+    block and both threads."""
+
+
 class ModelError(TreadleError, ValueError):
     """A model file or saved model is malformed, corrupt or incomplete."""
 
@@ -56,3 +62,8 @@ class ScheduleConfigError(TreadleError, ValueError):
 class LangError(TreadleError):
     """A ``treadle.lang`` kernel uses Python that cannot become a tensor program; the
     message starts with the ``file:line:`` of the offending source."""
+
+
+class DeviceUnavailableError(TreadleError, RuntimeError):
+    """This machine cannot run GPU kernels: no driver library, no device, or a driver that
+    failed to start. Building kernels (which needs only the compiler) still works."""

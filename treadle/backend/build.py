@@ -63,7 +63,7 @@ def build(source: str, name: str, symbols: Iterable[str] = ()) -> Path:
     entry that defines ``symbols`` exists; ``name`` only labels messages."""
     key = cache_key(source)
     entry = Path(config.cache_dir) / "kernels" / key
-    with _lock(key):
+    with lock_for(key):
         if _valid(entry, symbols):
             return entry / "kernel.so"
         return _compile(entry, source, name)
@@ -78,20 +78,20 @@ def build_many(items: Sequence[tuple]) -> list[Path]:
         return list(pool.map(lambda item: build(*item), items))
 
 
-def _lock(key: str) -> threading.Lock:
+def lock_for(key: str) -> threading.Lock:
     """One lock per key, so threads never compile the same source twice at once."""
     with _locks_guard:
         return _locks.setdefault(key, threading.Lock())
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _valid(entry: Path, symbols: Iterable[str]) -> bool:
     try:
         meta = json.loads((entry / "meta.json").read_text())
-        if meta["sha256"] != _sha256(entry / "kernel.so"):
+        if meta["sha256"] != sha256_of(entry / "kernel.so"):
             return False
         check_shared_object(entry / "kernel.so", symbols)
     except (OSError, ValueError, KeyError, TypeError):
@@ -99,7 +99,7 @@ def _valid(entry: Path, symbols: Iterable[str]) -> bool:
     return True
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
@@ -111,7 +111,7 @@ def _compile(entry: Path, source: str, name: str) -> Path:
         entry.unlink()                             # belongs; the cache owns every name here
     entry.mkdir(parents=True, exist_ok=True)
     src, so = entry / "kernel.c", entry / "kernel.so"
-    _write_atomic(src, source.encode())
+    write_atomic(src, source.encode())
     fd, tmp = tempfile.mkstemp(dir=entry, prefix="kernel.so.", suffix=".tmp")
     os.close(fd)
     command = [config.cc, *compiler_flags(), "-o", tmp, str(src)]
@@ -120,7 +120,7 @@ def _compile(entry: Path, source: str, name: str) -> Path:
         if result.returncode != 0:
             raise CompileError(f"{config.cc} failed to compile {name!r} (source: {src}):\n"
                                f"$ {' '.join(command)}\n{result.stderr}")
-        digest = _sha256(Path(tmp))
+        digest = sha256_of(Path(tmp))
         os.replace(tmp, so)
     except OSError as err:
         raise CompileError(f"cannot compile {name!r} with {config.cc!r}: {err}") from None
@@ -129,5 +129,5 @@ def _compile(entry: Path, source: str, name: str) -> Path:
             os.unlink(tmp)
     meta = {"name": name, "sha256": digest, "compiler": compiler_version(config.cc),
             "flags": list(compiler_flags())}
-    _write_atomic(entry / "meta.json", json.dumps(meta, indent=1).encode())
+    write_atomic(entry / "meta.json", json.dumps(meta, indent=1).encode())
     return so

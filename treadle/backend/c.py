@@ -92,7 +92,7 @@ def generate(functions: Sequence[Function], printer: type[CPrinter] | None = Non
     """One C source file defining every function of ``functions`` (already lowered), in
     the dialect of ``printer`` (this module's plain C by default)."""
     printer = printer or CPrinter
-    prelude = Prelude()
+    prelude = printer.PRELUDE()
     owners: dict[str, str] = {}
     parts = []
     for func in functions:
@@ -434,6 +434,7 @@ class CPrinter:
     STMT_PRINTERS: ClassVar[dict] = STMT_PRINTERS
     LOOP_PRINTERS: ClassVar[dict] = LOOP_PRINTERS
     PREAMBLE: ClassVar[str] = ""
+    PRELUDE: ClassVar[type[Prelude]] = Prelude
     STACK_ALIGNMENT: ClassVar[int] = 16  # bytes local arrays are aligned to
 
     def __init__(self, func: Function, prelude: Prelude):

@@ -17,15 +17,17 @@ from treadle.ir.passes.split_barriers import split_barriers
 from treadle.ir.passes.widen_half import widen_half
 from treadle.ir.stmt import Function
 from treadle.ir.verify import verify
-from treadle.target.cpu import CpuTarget, host
+from treadle.target.cpu import host
 
 # Target kind -> its passes. A CPU worker loop runs its barriers' phases in turn
 # (split_barriers); a target with hardware barriers keeps them.
-PIPELINES = {"cpu": (lower_mapping, split_barriers, simplify, hoist, widen_half)}
+# On CUDA a block's threads meet at __syncthreads(), so barriers stay.
+PIPELINES = {"cpu": (lower_mapping, split_barriers, simplify, hoist, widen_half),
+             "cuda": (lower_mapping, simplify)}
 
 
-def lower(func: Function, target: CpuTarget | None = None) -> Function:
-    """Runs the target's pipeline (the host CPU's by default), verifying the input and the
+def lower(func: Function, target=None) -> Function:
+    """Runs the pipeline of ``target`` (a CpuTarget or CudaTarget; the host CPU's by default), verifying the input and the
     result (and every step when ``TREADLE_VERIFY=1``), dumping each step under
     ``TREADLE_DUMP``."""
     pipeline = PIPELINES[(target or host()).kind]

@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 
+from treadle.errors import UnsupportedOpError
 from treadle.ir.dtypes import DataType
 
 
@@ -33,6 +34,11 @@ class Primitive:
 def _erf(x):
     from math import erf
     return np.vectorize(erf, otypes=[np.asarray(x).dtype])(x)
+
+
+def _warp_only(*args):
+    raise UnsupportedOpError("shfl_xor exchanges values between the threads of a GPU warp; "
+                             "it runs on CUDA and in the CUDA simulator only")
 
 
 PRIMITIVES = {p.name: p for p in (
@@ -63,6 +69,9 @@ PRIMITIVES = {p.name: p for p in (
     Primitive("reduce_min", 1, np.min, "scalar"),
     # A hint that the element a load would read is needed soon; its value is the load's.
     Primitive("prefetch", 1, lambda x: x),
+    # The first argument's value in the thread of a GPU warp whose number is this thread's
+    # xor the second; only the CUDA simulator (runtime.simulate) runs it.
+    Primitive("shfl_xor", 2, _warp_only),
 )}
 
 FLOAT_ONLY = {"exp", "log", "sqrt", "tanh", "erf", "sin", "cos", "floor", "ceil", "round",

@@ -12,7 +12,10 @@ from typing import Any, Optional, Union
 
 from treadle.ir.expr import Buffer, Expr, Var, as_expr
 
-LOOP_KINDS = ("serial", "parallel", "unroll", "vectorize")
+# "blocks" and "threads" are a GPU's workers: the iterations of a blocks loop are the
+# blocks of a grid, those of a threads loop (inside it) the threads of one block.
+LOOP_KINDS = ("serial", "parallel", "unroll", "vectorize", "blocks", "threads")
+GPU_LOOP_KINDS = ("blocks", "threads")
 
 
 class Stmt:

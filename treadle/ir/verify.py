@@ -4,7 +4,7 @@ Checked: every variable and buffer is defined before use and not redefined in sc
 index counts match buffer ranks and indices are integers; loop extents are integers and
 conditions booleans; accumulators are local scalars; vector accesses fit the buffer's type; task-mapping loops run with
 the worker count their mapping has; barriers sit where ``split_barriers`` can place them;
-a lowered program has no task-mapping loops or barriers left. A failure raises
+a lowered program has no task-mapping loops left, nor barriers outside GPU threads loops. A failure raises
 ``IRError`` quoting the statement at fault.
 """
 from __future__ import annotations
@@ -25,10 +25,11 @@ class _Scope:
     buffers: set = field(default_factory=set)
     loop_extents: dict = field(default_factory=dict)  # loop var -> extent
     in_parallel: bool = False
+    in_threads: bool = False  # inside a GPU threads loop, where barriers stay after lowering
 
     def child(self, **changes) -> _Scope:
         scope = _Scope(set(self.vars), set(self.buffers), dict(self.loop_extents),
-                       self.in_parallel)
+                       self.in_parallel, self.in_threads)
         for key, value in changes.items():
             setattr(scope, key, value)
         return scope
@@ -98,10 +99,11 @@ class _Verifier:
         if not s.extent.dtype.is_integer:
             raise IRError(f"loop extent {s.extent} is {s.extent.dtype}:\n{s}")
         inner = scope.child(loop_extents={**scope.loop_extents, s.var: s.extent},
-                            in_parallel=scope.in_parallel or s.kind == "parallel")
+                            in_parallel=scope.in_parallel or s.kind in ("parallel", "threads"),
+                            in_threads=scope.in_threads or s.kind == "threads")
         _define(inner, s.var, s)
-        # A barrier syncs the workers of the nearest parallel loop; serial loops between it
-        # and the barrier are fine (split_barriers hoists them).
+        # A barrier syncs the workers of the nearest parallel (or GPU threads) loop; serial
+        # loops between it and the barrier are fine (split_barriers hoists them on the CPU).
         self.stmt(s.body, inner, barrier_ok=inner.in_parallel)
 
     def _fortask(self, s: ForTask, scope: _Scope, barrier_ok: bool) -> None:
@@ -154,8 +156,9 @@ class _Verifier:
         _define(scope, s.buffer, s)
 
     def _barrier(self, s: Barrier, scope: _Scope, barrier_ok: bool) -> None:
-        if self.lowered:
-            raise IRError(f"barrier left in lowered function {self.func.name}")
+        if self.lowered and not scope.in_threads:
+            raise IRError(f"barrier left in lowered function {self.func.name} outside a "
+                          "GPU threads loop")
         if not barrier_ok:
             raise IRError(f"barrier outside any parallel worker loop in {self.func.name}")
 

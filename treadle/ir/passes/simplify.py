@@ -18,8 +18,8 @@ from treadle.ir.expr import Const, Expr, Var, as_expr
 from treadle.ir.functor import free_vars, substitute, walk
 from treadle.ir.interval import Interval, bound
 from treadle.ir.simplify import simplify_expr
-from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, Evaluate, For, ForTask,
-                             Function, If, Let, Seq, Stmt, Store)
+from treadle.ir.stmt import (GPU_LOOP_KINDS, Accumulate, Assert, Barrier, DeclBuffer, Evaluate,
+                             For, ForTask, Function, If, Let, Seq, Stmt, Store)
 
 __all__ = ["simplify"]
 
@@ -70,6 +70,8 @@ def _below(extent: Expr, env: Env) -> Interval:
 
 def _for(s: For, env: Env) -> Stmt:
     extent = simplify_expr(s.extent, env)
+    if s.kind in GPU_LOOP_KINDS:  # the kernel's launch shape: kept at any extent
+        return For(s.var, extent, _stmt(s.body, {**env, s.var: _below(extent, env)}), s.kind)
     hi = bound(extent, env).hi
     if hi is not None and hi <= 0:
         return EMPTY

@@ -1,0 +1,306 @@
+"""The CUDA matrix-multiplication template (Hidet's, section 5 of the paper), for every
+compute the GEMM pattern matches (MatMul, batched products, convolution as implicit
+GEMM), in the steps of the template protocol.
+
+A block computes a ``block_m x block_n`` tile of C. Its threads load the next
+``block_m x block_k`` slice of A and ``block_k x block_n`` slice of B cooperatively (a task
+mapping spreads the elements over the threads, consecutive threads on consecutive K for A
+and N for B, so the loads coalesce), through registers into shared memory, while they
+multiply the slices already there (double buffering, ``stages=2``: one barrier per step).
+Each thread accumulates a ``thread_m x thread_n`` register tile. Its rows and columns come
+in groups of four, the groups of neighbouring threads side by side: a warp reads a row of
+a slice as consecutive 16-byte words (no bank conflicts; ptxas makes them 128-bit loads),
+and writes C in runs of four.
+
+Prologues are already inside the pattern's factors (A is evaluated at the unravelled
+(batch, m, k), so a convolution's im2col addressing happens at the global loads) and the
+epilogue is applied at the stores: post-scheduling fusion as on the CPU. Partial tiles
+load zeros and skip their stores, so any size works, symbolic ones included.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+from treadle.errors import ScheduleConfigError
+from treadle.graph.operator import Operator
+from treadle.ir.builder import FunctionBuilder
+from treadle.ir.dtypes import float32
+from treadle.ir.expr import Buffer, Expr, Load, logical_and
+from treadle.ir.functor import free_vars, substitute, walk
+from treadle.ir.mapping import repeat, spatial, unravel
+from treadle.schedule.rules import Kernel, canonical_kernel
+from treadle.schedule.templates.gemm.pattern import (GemmPattern, match_gemm_output, product,
+                                                     role_extents)
+from treadle.target.cuda import CudaTarget
+
+ELEMENT_BYTES = 4
+GROUP = 4  # a thread's rows and columns come in runs of this many (one 128-bit word)
+# Padding of each K row of the A slice: the transposing stores of neighbouring threads
+# (consecutive K) then fall into distinct shared-memory banks.
+A_PAD = 4
+# Above this many registers a thread's tile would spill (255 is the hardware's limit;
+# addressing and the staged loads need the rest).
+MAX_TILE_REGISTERS = 160
+
+
+@dataclass(frozen=True)
+class MatmulCudaConfig:
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 8
+    thread_m: int = 8
+    thread_n: int = 8
+    stages: int = 2
+
+    @property
+    def threads(self) -> int:
+        return (self.block_m // self.thread_m) * (self.block_n // self.thread_n)
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.stages * self.block_k * (self.block_m + A_PAD + self.block_n) * ELEMENT_BYTES
+
+    @property
+    def loads_per_thread(self) -> tuple[int, int]:
+        """Elements of the A and the B slice each thread stages per step."""
+        return (self.block_m * self.block_k // self.threads,
+                self.block_k * self.block_n // self.threads)
+
+
+@dataclass(frozen=True)
+class ResolvedMatmulCuda:
+    pattern: GemmPattern
+    config: MatmulCudaConfig
+    target: CudaTarget
+
+
+BLOCKS = ((32, 32), (64, 32), (32, 64), (64, 64), (128, 64), (64, 128), (128, 128))
+THREAD_TILES = ((4, 4), (4, 8), (8, 4), (8, 8))
+
+
+class MatmulCudaTemplate:
+    name = "matmul_cuda"
+    config_type = MatmulCudaConfig
+
+    def match(self, op: Operator) -> GemmPattern | None:
+        if len(op.definition) != 1:
+            return None
+        pattern = match_gemm_output(op.definition[0])
+        if pattern is None:
+            return None
+        return replace(pattern, inputs=tuple(op.input_buffers), checks=tuple(op.checks))
+
+    def space(self, pattern: GemmPattern, level: int, target: CudaTarget
+              ) -> list[MatmulCudaConfig]:
+        """Level 0: the default alone; otherwise every valid combination of block tile,
+        K step, thread tile and stages (under 200 points), largest blocks first."""
+        if level == 0:
+            return [MatmulCudaConfig()]
+        configs = []
+        for (bm, bn), bk, (tm, tn), stages in itertools.product(
+                reversed(BLOCKS), (8, 16), THREAD_TILES, (2, 1)):
+            cfg = MatmulCudaConfig(bm, bn, bk, tm, tn, stages)
+            try:
+                self.check(pattern, cfg, target)
+            except ScheduleConfigError:
+                continue
+            configs.append(cfg)
+        return configs
+
+    def check(self, pattern: GemmPattern, cfg: MatmulCudaConfig, target: CudaTarget) -> None:
+        rules = [
+            (cfg.thread_m % GROUP == 0 and cfg.thread_n % GROUP == 0,
+             f"thread tile {cfg.thread_m}x{cfg.thread_n} is not in groups of {GROUP}"),
+            (cfg.block_m % cfg.thread_m == 0 and cfg.block_n % cfg.thread_n == 0,
+             "the block tile is not a whole number of thread tiles"),
+            (target.warp_size <= cfg.threads <= target.max_threads_per_block
+             and cfg.threads % target.warp_size == 0,
+             f"{cfg.threads} threads is not a whole number of warps up to "
+             f"{target.max_threads_per_block}"),
+            (all(n >= 1 and n * cfg.threads == size for n, size in zip(
+                cfg.loads_per_thread, (cfg.block_m * cfg.block_k, cfg.block_k * cfg.block_n))),
+             "the threads cannot share the slices' loads evenly"),
+            (cfg.shared_bytes <= target.shared_bytes_per_block,
+             f"{cfg.shared_bytes} bytes of shared memory exceed the "
+             f"{target.shared_bytes_per_block} of a block"),
+            (cfg.stages in (1, 2), f"stages must be 1 or 2, got {cfg.stages}"),
+            (cfg.thread_m * cfg.thread_n + cfg.thread_m + cfg.thread_n
+             + sum(cfg.loads_per_thread) <= MAX_TILE_REGISTERS,
+             "the thread tile and staged loads need too many registers"),
+        ]
+        for ok, rule in rules:
+            if not ok:
+                raise ScheduleConfigError(f"{self.name} {cfg}: {rule}")
+
+    def resolve(self, pattern: GemmPattern, cfg: MatmulCudaConfig, target: CudaTarget
+                ) -> ResolvedMatmulCuda:
+        self.check(pattern, cfg, target)
+        return ResolvedMatmulCuda(pattern, cfg, target)
+
+    def emit(self, resolved: ResolvedMatmulCuda, name: str) -> Kernel:
+        return _emit(resolved, name)
+
+
+MATMUL_CUDA = MatmulCudaTemplate()
+
+
+class _Problem:
+    """The extents of each role and the factors evaluated at flat positions."""
+
+    def __init__(self, pattern: GemmPattern):
+        self.pattern = pattern
+        self.extents = role_extents(pattern)
+        self.size = {role: product(e) for role, e in self.extents.items()}
+
+    def coords(self, role: str, flat) -> dict:
+        axes = self.pattern.axes(role)
+        return dict(zip(axes, unravel(flat, self.extents[role]))) if axes else {}
+
+    def factor(self, which: str, batch: dict, row, k) -> Expr:
+        """A (``which`` = "left", rows are M) or B ("right", rows are N) at a position."""
+        role = "m" if which == "left" else "n"
+        env = {**batch, **self.coords(role, row), **self.coords("k", k)}
+        return substitute(getattr(self.pattern, which), env)
+
+
+def _emit(resolved: ResolvedMatmulCuda, name: str) -> Kernel:
+    pattern, cfg = resolved.pattern, resolved.config
+    problem = _Problem(pattern)
+    M, N = problem.size["m"], problem.size["n"]
+    with FunctionBuilder(name) as fb:
+        _params(fb, pattern)
+        tiles_m = (M + cfg.block_m - 1) // cfg.block_m
+        tiles_n = (N + cfg.block_n - 1) // cfg.block_n
+        for blk in fb.range(problem.size["batch"] * tiles_m * tiles_n, kind="blocks", name="blk"):
+            batch = {a: fb.let(a.name, v) for a, v in
+                     problem.coords("batch", blk // (tiles_m * tiles_n)).items()}
+            m0 = fb.let("m0", blk // tiles_n % tiles_m * cfg.block_m)
+            n0 = fb.let("n0", blk % tiles_n * cfg.block_n)
+            a_tile = fb.buffer("a_tile", float32, [cfg.stages, cfg.block_k, cfg.block_m + A_PAD],
+                               scope="shared")
+            b_tile = fb.buffer("b_tile", float32, [cfg.stages, cfg.block_k, cfg.block_n],
+                               scope="shared")
+            for t in fb.range(cfg.threads, kind="threads", name="t"):
+                _thread(fb, problem, cfg, t, batch, m0, n0, a_tile, b_tile)
+    return canonical_kernel(fb.function, pattern.inputs, 1)
+
+
+def _params(fb: FunctionBuilder, pattern: GemmPattern) -> None:
+    sources = [pattern.left, pattern.right] + ([pattern.epilogue.value] if pattern.epilogue
+                                               else [])
+    used = {n.buffer for e in sources for n in walk(e) if isinstance(n, Load)}
+    for buffer in pattern.inputs:
+        if buffer is not None and buffer in used:
+            fb.add_param(buffer)
+    fb.add_param(pattern.output.buffer)
+    symbols = {v for p in fb.params for d in p.shape for v in free_vars(d)}
+    symbols |= {v for cond, _ in pattern.checks for v in free_vars(cond)}
+    for var in sorted(symbols, key=lambda v: v.name):
+        fb.add_param(var)
+    for cond, message in pattern.checks:
+        fb.assert_(cond, message)
+
+
+def _thread(fb: FunctionBuilder, problem: _Problem, cfg: MatmulCudaConfig, t, batch: dict,
+            m0, n0, a_tile: Buffer, b_tile: Buffer) -> None:
+    K = problem.size["k"]
+    threads_n = cfg.block_n // cfg.thread_n
+    ty, tx = fb.let("ty", t // threads_n), fb.let("tx", t % threads_n)
+    acc = fb.buffer("acc", float32, [cfg.thread_m, cfg.thread_n])
+    for i in fb.range(cfg.thread_m, kind="unroll"):
+        for j in fb.range(cfg.thread_n, kind="unroll"):
+            acc[i, j] = 0.0
+    a_stage = fb.buffer("a_stage", float32, [cfg.loads_per_thread[0]])
+    b_stage = fb.buffer("b_stage", float32, [cfg.loads_per_thread[1]])
+    steps = fb.let("steps", (K + cfg.block_k - 1) // cfg.block_k)
+
+    def load(step):
+        _load_slice(fb, problem, cfg, t, a_stage, "left", batch, m0, step)
+        _load_slice(fb, problem, cfg, t, b_stage, "right", batch, n0, step)
+
+    def store(slot):
+        _store_slice(fb, cfg, t, a_stage, a_tile, "left", slot)
+        _store_slice(fb, cfg, t, b_stage, b_tile, "right", slot)
+
+    with fb.if_(steps > 0):
+        load(0)
+        store(0)
+    fb.barrier()
+    for step in fb.range(steps, name="step"):
+        with fb.if_(step + 1 < steps):
+            load(step + 1)
+        _multiply(fb, cfg, acc, a_tile, b_tile, step % cfg.stages, ty, tx)
+        if cfg.stages == 1:
+            fb.barrier()  # every thread has read the slice before it is overwritten
+        with fb.if_(step + 1 < steps):
+            store((step + 1) % cfg.stages)
+        fb.barrier()
+    _store_tile(fb, problem, cfg, acc, batch, m0, n0, ty, tx)
+
+
+def _slice_position(cfg: MatmulCudaConfig, which: str, e):
+    """(row, k) of element ``e`` of the slice of A (``which`` = "left", rows are M) or B
+    (rows are N): consecutive elements run along K for A and along N for B, the contiguous
+    axes of row-major operands, so consecutive threads load consecutive addresses."""
+    if which == "left":
+        return e // cfg.block_k, e % cfg.block_k
+    return e % cfg.block_n, e // cfg.block_n
+
+
+def _load_slice(fb, problem: _Problem, cfg: MatmulCudaConfig, t, stage: Buffer, which: str,
+                batch: dict, row0, step) -> None:
+    """Stages this thread's elements of the slice of A or B at ``step``; outside the problem
+    they are zero."""
+    limit, K = problem.size["m" if which == "left" else "n"], problem.size["k"]
+    for (e,) in (repeat(stage.shape[0].value, kind="unroll") * spatial(cfg.threads)).on(t):
+        row, kk = _slice_position(cfg, which, e)
+        r, k = row0 + row, step * cfg.block_k + kk
+        with fb.if_(logical_and(r < limit, k < K)):
+            stage[e // cfg.threads] = problem.factor(which, batch, r, k)
+        with fb.else_():
+            stage[e // cfg.threads] = 0.0
+
+
+def _store_slice(fb, cfg: MatmulCudaConfig, t, stage: Buffer, tile: Buffer, which: str,
+                 slot) -> None:
+    """The staged elements into shared memory, both slices K-major."""
+    for (e,) in (repeat(stage.shape[0].value, kind="unroll") * spatial(cfg.threads)).on(t):
+        row, kk = _slice_position(cfg, which, e)
+        tile[slot, kk, row] = stage[e // cfg.threads]
+
+
+def _offset(index, lanes_of_threads: int):
+    """Row (or column) of a thread's ``index``-th element inside the block tile: runs of
+    GROUP, the runs of neighbouring threads side by side."""
+    return index // GROUP * (lanes_of_threads * GROUP) + index % GROUP
+
+
+def _multiply(fb, cfg: MatmulCudaConfig, acc: Buffer, a_tile: Buffer, b_tile: Buffer, slot,
+              ty, tx) -> None:
+    threads_m, threads_n = cfg.block_m // cfg.thread_m, cfg.block_n // cfg.thread_n
+    a = fb.buffer("a", float32, [cfg.thread_m])
+    b = fb.buffer("b", float32, [cfg.thread_n])
+    for kk in fb.range(cfg.block_k, kind="unroll", name="kk"):
+        for i in fb.range(cfg.thread_m, kind="unroll"):
+            a[i] = a_tile[slot, kk, ty * GROUP + _offset(i, threads_m)]
+        for j in fb.range(cfg.thread_n, kind="unroll"):
+            b[j] = b_tile[slot, kk, tx * GROUP + _offset(j, threads_n)]
+        for i in fb.range(cfg.thread_m, kind="unroll"):
+            for j in fb.range(cfg.thread_n, kind="unroll"):
+                acc[i, j] = acc[i, j] + a[i] * b[j]
+
+
+def _store_tile(fb, problem: _Problem, cfg: MatmulCudaConfig, acc: Buffer, batch: dict, m0, n0,
+                ty, tx) -> None:
+    pattern = problem.pattern
+    threads_m, threads_n = cfg.block_m // cfg.thread_m, cfg.block_n // cfg.thread_n
+    out = pattern.output.buffer
+    for i in fb.range(cfg.thread_m, kind="unroll"):
+        m = m0 + ty * GROUP + _offset(i, threads_m)
+        for j in fb.range(cfg.thread_n, kind="unroll"):
+            n = n0 + tx * GROUP + _offset(j, threads_n)
+            with fb.if_(logical_and(m < problem.size["m"], n < problem.size["n"])):
+                coords = {**batch, **problem.coords("m", m), **problem.coords("n", n)}
+                index = tuple(coords[a] for a in pattern.compute.axes)
+                out[index] = pattern.store_value(acc[i, j], index)

@@ -1,8 +1,9 @@
 """treadle's CUDA matmul template against cuBLAS (``torch.matmul`` in float32, TF32 off),
-on this machine's GPU.
+and whole models compiled for CUDA against PyTorch eager on the same GPU.
 
     python bench/cuda.py                                  # 1024, 2048, 4096, 2039 cubed
     python bench/cuda.py --sizes 4096 --level 0 --json bench/out/cuda.json
+    python bench/cuda.py --sizes --models resnet50 bert   # models only
 
 (from the repository root with PYTHONPATH=., or with treadle installed; needs a GPU and a
 CUDA build of torch)
@@ -12,12 +13,18 @@ point timed a few times on the GPU, and the fastest point then timed against cuB
 interleaved, ``--repeat`` times each, with CUDA events (device time of one product). The
 table gives medians, TFLOP/s and the ratio cuBLAS time / treadle time (above 1: treadle
 faster); every chosen kernel's result is first checked against cuBLAS's.
+
+Models are the zoo's (``treadle.models``, random weights, batch 1), exported to ONNX and
+compiled with ``target="cuda"`` (level-0 configs); a call is timed whole, from numpy
+inputs to numpy outputs (copies included), against the torch module on the GPU called
+on a GPU tensor and synchronised, interleaved, ``--repeat`` times each; medians.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -91,14 +98,46 @@ def bench_size(size: int, level: int, repeat: int, target) -> dict:
             "ratio": theirs_ms / ours_ms, "max_rel_error": error}
 
 
+def bench_model(name: str, repeat: int, folder) -> dict:
+    import treadle
+    from treadle.models import build, export_onnx
+    spec = export_onnx(name, f"{folder}/{name}.onnx")
+    started = time.perf_counter()
+    compiled = treadle.compile(spec.path, target="cuda")
+    compile_s = time.perf_counter() - started
+    inputs = spec.random_inputs()
+    module = build(name).cuda()
+    args = [torch.from_numpy(a).cuda() for a in inputs.values()]
+    with torch.no_grad():
+        expected = module(*args)
+        expected = (expected[0] if isinstance(expected, tuple) else expected).cpu().numpy()
+        actual = compiled(**inputs)[0]
+        error = float(abs(actual - expected).max() / abs(expected).max())
+        ours, theirs = [], []
+        for _ in range(repeat):
+            begin = time.perf_counter()
+            compiled(**inputs)
+            ours.append(time.perf_counter() - begin)
+            begin = time.perf_counter()
+            module(*args)
+            torch.cuda.synchronize()
+            theirs.append(time.perf_counter() - begin)
+    ours_ms, theirs_ms = 1e3 * statistics.median(ours), 1e3 * statistics.median(theirs)
+    return {"model": name, "compile_s": compile_s, "treadle_ms": ours_ms,
+            "torch_ms": theirs_ms, "ratio": theirs_ms / ours_ms, "max_rel_error": error,
+            "steps": len(compiled.executable.steps)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096, 2039])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[1024, 2048, 4096, 2039])
+    parser.add_argument("--models", nargs="*", default=[])
     parser.add_argument("--level", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--json")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False  # float32 convolutions, as treadle computes
     target = device_target()
     props = device_properties()
     print(f"device: {props['name']} ({target.arch}, {target.sms} SMs), torch {torch.__version__}")
@@ -111,9 +150,19 @@ def main() -> None:
               f"  ratio {row['ratio']:.2f}x  ({row['points']} points, tuned in "
               f"{row['tune_s']:.0f} s; {row['config']}; max rel. error "
               f"{row['max_rel_error']:.1e})", flush=True)
+    models = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.models:
+            row = bench_model(name, args.repeat, folder)
+            models.append(row)
+            print(f"{name:>14}  treadle {row['treadle_ms']:8.2f} ms  torch eager "
+                  f"{row['torch_ms']:8.2f} ms  ratio {row['ratio']:.2f}x  ({row['steps']} "
+                  f"steps, compiled in {row['compile_s']:.0f} s, max rel. error "
+                  f"{row['max_rel_error']:.1e})", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": props["name"], "arch": target.arch, "rows": rows}, f, indent=1)
+            json.dump({"device": props["name"], "arch": target.arch, "rows": rows,
+                       "models": models}, f, indent=1)
 
 
 if __name__ == "__main__":

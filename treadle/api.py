@@ -17,6 +17,7 @@ shapes the program gives their tensors, and cover every tensor no step writes.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -36,6 +37,7 @@ from treadle.errors import ModelError, NeedsValueError
 from treadle.graph.graph import Graph
 from treadle.graph.passes.infer_shapes import infer_shapes
 from treadle.runtime import pool
+from treadle.runtime.cuda_executor import CudaExecutable, CudaLaunches
 from treadle.runtime.executor import Executable, Step
 from treadle.runtime.module import load as load_library
 from treadle.specialise import SpecialisingModel, value_inputs
@@ -91,7 +93,8 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
             example_inputs=None, *, name: str | None = None, tune: int | str = 0,
             shapes: Mapping[str, Sequence] | None = None,
             dynamic: Mapping[str, object] | None = None,
-            orchestrate: bool = False) -> CompiledModel | SpecialisingModel:
+            orchestrate: bool = False, target: str = "cpu"
+            ) -> CompiledModel | SpecialisingModel:
     """Compiles an ONNX model (a file path, its serialized bytes or an ``onnx.ModelProto``),
     a treadle graph, or a ``torch.nn.Module`` in eval mode called on ``example_inputs`` (a
     tensor or a tuple of them; traced by ``torch.export``, weights become constants).
@@ -119,6 +122,11 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
     than the default fusion by measurement; it takes minutes the first time and seconds
     once the candidates' costs are cached.
 
+    ``target`` is ``"cpu"`` (this machine's processor) or ``"cuda"``: kernels in CUDA C for
+    this machine's GPU, or where it has none for an sm_80 GPU (``"cuda:sm_90"`` names the
+    architecture). A CUDA model builds and saves anywhere nvcc is, and runs where a GPU
+    is; its kernels take their level-0 configs (``tune=0``).
+
     An ONNX model whose shapes depend on the contents of small inputs (a Reshape's target
     shape given as a graph input) gives a ``SpecialisingModel``, compiled at the first call
     with each distinct content (``treadle.specialise``)."""
@@ -135,8 +143,9 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
         raise ValueError(f"tune={tune!r} does not combine with dynamic=: dynamic shapes are "
                          "tuned by measurement (tune=0, 1 or 2)")
     strategy = "orchestrate" if orchestrate else "greedy"
+    device = _target(target)
     try:
-        return _compile(model, name, tune, shapes, ranges, strategy)
+        return _compile(model, name, tune, shapes, ranges, strategy, device)
     except NeedsValueError as err:
         from treadle.frontend.onnx import load_model
         proto = None if isinstance(model, Graph) else load_model(model)
@@ -145,7 +154,7 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
             raise
         return SpecialisingModel(proto, inputs,
                                  lambda bound: _compile(bound, name, tune, shapes, ranges,
-                                                       strategy),
+                                                       strategy, device),
                                  name or proto.graph.name or "model")
 
 
@@ -154,15 +163,29 @@ def _is_module(model) -> bool:
     return torch is not None and isinstance(model, torch.nn.Module)
 
 
-def _compile(model, name: str | None, tune: int | str, shapes, ranges, strategy: str
-             ) -> CompiledModel:
+def _compile(model, name: str | None, tune: int | str, shapes, ranges, strategy: str,
+             target) -> CompiledModel:
     graph = _as_graph(model, name)
     if shapes:
         graph = infer_shapes(graph, shapes)
     if ranges:
         _check_symbols(graph, ranges)
     return CompiledModel(compile_graph(graph, tune=tune, strategy=strategy,
-                                       dynamic=ranges), graph.name)
+                                       dynamic=ranges, target=target), graph.name)
+
+
+def _target(name: str):
+    """The target a ``compile(target=...)`` string names."""
+    if name == "cpu":
+        return host()
+    kind, _, arch = name.partition(":")
+    if kind != "cuda":
+        raise ValueError(f"target={name!r}: expected 'cpu', 'cuda' or 'cuda:<arch>'")
+    from treadle.runtime.cuda import available
+    from treadle.target.cuda import cuda_target, device_target
+    if arch:
+        return cuda_target(arch)
+    return device_target() if available() else cuda_target()
 
 
 def _check_symbols(graph: Graph, ranges: Mapping) -> None:
@@ -238,15 +261,8 @@ def _replace_previous(directory: Path, staging: Path, files: list[str]) -> None:
 
 def _write(model: CompiledModel, folder: Path) -> None:
     ex = model.executable
-    libraries: dict[Path, list] = {}
-    for step in ex.steps:
-        if step.kernel is not None:
-            libraries.setdefault(step.kernel.path, []).append(step.kernel.function)
-    library_table = []
-    for path, functions in libraries.items():
-        file = f"kernels_{sha256_of(path)[:32]}.so"
-        shutil.copyfile(path, folder / file)
-        library_table.append((file, list({f.name: f for f in functions}.values())))
+    cuda = isinstance(ex, CudaExecutable)
+    library_table = _write_cubins(ex, folder) if cuda else _write_libraries(ex, folder)
     program = {"name": model.name, "slots": ex.slots, "inputs": ex.inputs,
                "outputs": ex.outputs, "libraries": library_table,
                "steps": [(s.name, None if s.kernel is None else s.kernel.function.name,
@@ -257,13 +273,46 @@ def _write(model: CompiledModel, folder: Path) -> None:
     if ex.runner is not None:
         shutil.copyfile(ex.runner, folder / RUNNER)
         names.append(RUNNER)
-    shutil.copyfile(pool.library_path(), folder / POOL)
-    names.append(POOL)
+    if not cuda:
+        shutil.copyfile(pool.library_path(), folder / POOL)
+        names.append(POOL)
     files = {name: sha256_of(folder / name) for name in names}
-    # The kernels were compiled for this CPU's instruction-set extensions.
-    manifest = {"format": FORMAT, "version": VERSION, "name": model.name,
-                "cpu_features": list(host().features), "files": files}
+    # The kernels were compiled for this CPU's instruction-set extensions, or a GPU's
+    # architecture.
+    target = {"cuda_arch": ex.arch} if cuda else {"cpu_features": list(host().features)}
+    manifest = {"format": FORMAT, "version": VERSION, "name": model.name, **target,
+                "files": files}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def _write_libraries(ex: Executable, folder: Path) -> list:
+    """The shared objects, each with the functions it defines."""
+    libraries: dict[Path, list] = {}
+    for step in ex.steps:
+        if step.kernel is not None:
+            libraries.setdefault(step.kernel.path, []).append(step.kernel.function)
+    table = []
+    for path, functions in libraries.items():
+        file = f"kernels_{sha256_of(path)[:32]}.so"
+        shutil.copyfile(path, folder / file)
+        table.append((file, list({f.name: f for f in functions}.values())))
+    return table
+
+
+def _write_cubins(ex: CudaExecutable, folder: Path) -> list:
+    """The cubins, each with the (fused function, its launches) it holds."""
+    cubins: dict[bytes, dict] = {}
+    for step in ex.steps:
+        if step.kernel is not None:
+            kernel = step.kernel
+            cubins.setdefault(kernel.cubin, {})[kernel.function.name] = (kernel.function,
+                                                                         kernel.launches)
+    table = []
+    for cubin, functions in cubins.items():
+        file = f"kernels_{hashlib.sha256(cubin).hexdigest()[:32]}.cubin"
+        (folder / file).write_bytes(cubin)
+        table.append((file, list(functions.values())))
+    return table
 
 
 # ---- loading -------------------------------------------------------------------------------
@@ -272,6 +321,7 @@ def load(directory: str | os.PathLike) -> CompiledModel:
     """A model saved by ``CompiledModel.save``, ready to call; never runs the compiler."""
     folder = Path(directory)
     manifest = _read_manifest(folder)
+    arch = manifest.get("cuda_arch")
     missing = sorted(set(manifest.get("cpu_features", [])) - set(host().features))
     if missing:
         raise ModelError(f"{folder}: compiled for a CPU with {', '.join(missing)}, which this "
@@ -285,7 +335,7 @@ def load(directory: str | os.PathLike) -> CompiledModel:
     try:
         if POOL in manifest["files"]:
             pool.library_path(saved=folder / POOL)
-        return _load_program(folder, manifest["files"])
+        return _load_program(folder, manifest["files"], arch)
     except ModelError:
         raise
     except (pickle.UnpicklingError, EOFError, ImportError, AttributeError, KeyError,
@@ -293,7 +343,8 @@ def load(directory: str | os.PathLike) -> CompiledModel:
         raise ModelError(f"{folder}: cannot load the saved model ({err})") from None
 
 
-def _load_program(folder: Path, listed: Mapping[str, str]) -> CompiledModel:
+def _load_program(folder: Path, listed: Mapping[str, str], arch: str | None
+                  ) -> CompiledModel:
     program = pickle.loads((folder / PROGRAM).read_bytes())
     with np.load(folder / CONSTANTS) as npz:
         constants = {int(k): npz[k] for k in npz.files}
@@ -303,12 +354,17 @@ def _load_program(folder: Path, listed: Mapping[str, str]) -> CompiledModel:
         if file not in listed:
             raise ModelError(f"{folder / file}: not listed in the manifest, so its integrity "
                              "cannot be checked")
-        kernels.update(load_library(folder / file, functions).functions)
+        if arch is None:
+            kernels.update(load_library(folder / file, functions).functions)
+            continue
+        cubin = (folder / file).read_bytes()
+        kernels.update((f.name, CudaLaunches(f, tuple(launched), cubin, arch))
+                       for f, launched in functions)
     steps = [Step(name, None if fn is None else kernels[fn], args, outputs, workspaces)
              for name, fn, args, outputs, workspaces in program["steps"]]
     runner = folder / RUNNER if RUNNER in listed else None
-    executable = Executable(program["slots"], program["inputs"], program["outputs"],
-                            constants, steps, runner)
+    io = (program["slots"], program["inputs"], program["outputs"], constants, steps)
+    executable = Executable(*io, runner) if arch is None else CudaExecutable(*io, arch)
     unwritten = sorted({tensor for _, tensor in executable.reads_before_writes()})
     if unwritten:
         raise ModelError(f"{folder / CONSTANTS}: lacks the constants {', '.join(unwritten)}")

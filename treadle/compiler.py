@@ -12,11 +12,14 @@ of times and one file for all would use a single core.
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from treadle.backend.build import build_many
 from treadle.backend.cpu import generate
+from treadle.backend.cuda import build_cuda
 from treadle.dump import dump_folder, dump_text
 from treadle.graph.graph import Graph
 from treadle.graph.kernel_plan import plan_kernels
@@ -26,14 +29,17 @@ from treadle.graph.partition import format_partition
 from treadle.graph.tensor import Tensor
 from treadle.ir.lower import lower
 from treadle.ir.stmt import Function
+from treadle.runtime.cuda_executor import CudaExecutable, CudaLaunches
 from treadle.runtime.executor import Executable, Slot, Step
 from treadle.runtime.module import CompiledFunction, exported_symbols, load
 from treadle.runtime.step_runner import library_path
 from treadle.schedule.dispatch import dispatching_kernel
 from treadle.schedule.fusion import FusedKernel, schedule_plan
+from treadle.schedule.launches import launches
 from treadle.schedule.operator import select_template
 from treadle.schedule.rules import Kernel
 from treadle.target.cpu import CpuTarget, host
+from treadle.target.cuda import CudaTarget
 from treadle.tune import Choice, choose
 from treadle.tune.dynamic import (DynamicChoice, SizeRange, Tree, choose_dynamic,
                                   dynamic_symbols)
@@ -55,20 +61,27 @@ class PlannedStep:
 
 def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int | str = 0,
                   strategy: str = "greedy",
-                  dynamic: Mapping[str, SizeRange] | None = None) -> Executable:
+                  dynamic: Mapping[str, SizeRange] | None = None,
+                  target: CpuTarget | CudaTarget | None = None) -> Executable:
     """``tune``: the tuning level of template configs (``tune.exhaustive.LEVELS``);
     ``strategy``: how the kernels are chosen (``graph.kernel_plan.STRATEGIES``);
     ``dynamic``: ranges of symbols, over which the kernels that depend on them are tuned
-    (``tune.dynamic``). Under TREADLE_DUMP, everything is dumped into a folder of this
-    compile's own."""
+    (``tune.dynamic``); ``target``: the host CPU by default, or a GPU (``target.cuda``:
+    the level-0 configs, no tuning or dynamic ranges yet). Under TREADLE_DUMP, everything
+    is dumped into a folder of this compile's own."""
+    target = target or host()
+    if target.kind == "cuda" and (tune != 0 or dynamic):
+        raise ValueError(f"tune={tune!r}, dynamic={dynamic!r}: CUDA kernels take their "
+                         "level-0 configs for now; compile with tune=0 and no dynamic ranges")
     with dump_folder(graph.name):
-        return _compile_graph(graph, optimize_graph, tune, strategy, dynamic or {})
+        return _compile_graph(graph, optimize_graph, tune, strategy, dynamic or {}, target)
 
 
 def _compile_graph(graph: Graph, optimize_graph: bool, tune: int | str, strategy: str,
-                   dynamic: Mapping[str, SizeRange]) -> Executable:
+                   dynamic: Mapping[str, SizeRange], target: CpuTarget | CudaTarget
+                   ) -> Executable:
     if optimize_graph:
-        graph = optimize(graph)
+        graph = optimize(graph, target.kind)
     graph, plans = plan_kernels(graph, strategy, tune)
     slots = _Slots(graph)
     dump_text(("graph", "partition.txt"), format_partition(plans))
@@ -80,19 +93,21 @@ def _compile_graph(graph: Graph, optimize_graph: bool, tune: int | str, strategy
                                      (slots[plan.anchor.outputs[0]],)))
             continue
         kernels = schedule_plan(plan, f"k{index}_{plan.anchor.op_type}",
-                                lambda op, name: tuned_kernel(op, name, tune, dynamic=dynamic))
+                                lambda op, name: tuned_kernel(op, name, tune, target, dynamic))
         steps += [_kernel_step(plan.name, kernel, slots, unique) for kernel in kernels]
 
     # Constants only read through a layout of their own (weights packed into panels) are
     # dropped, so a model keeps one copy of its weights.
     read = {a for step in steps for a in step.args} | {slots[t] for t in graph.outputs}
     constants = {slot: data for slot, data in slots.constants.items() if slot in read}
-    kernels = build_functions(list(unique.values()), graph.name)
+    build = build_cuda_functions if target.kind == "cuda" else build_functions
+    kernels = build(list(unique.values()), graph.name, target)
     built = [Step(s.name, None if s.function is None else kernels[s.function.name], s.args,
                   s.outputs, s.workspaces) for s in steps]
-    executable = Executable(slots.slots, [slots[t] for t in graph.inputs],
-                            [slots[t] for t in graph.outputs], constants, built,
-                            library_path())
+    io = (slots.slots, [slots[t] for t in graph.inputs], [slots[t] for t in graph.outputs],
+          constants, built)
+    executable = (CudaExecutable(*io, target.arch) if target.kind == "cuda"
+                  else Executable(*io, library_path()))
     unordered = executable.reads_before_writes()
     if unordered:  # a fault of the kernel plan; running would read stale memory
         raise AssertionError(f"steps read tensors before they are written: {unordered}")
@@ -182,9 +197,10 @@ def _tree_lines(tree: Tree, k: int, indent: str) -> list[str]:
             + [f"{indent}else:  # {symbol} > {value}"] + _tree_lines(tree, right, indent + "  "))
 
 
-def build_functions(functions: Sequence[Function], name: str) -> dict[str, CompiledFunction]:
+def build_functions(functions: Sequence[Function], name: str, target: CpuTarget | None = None
+                    ) -> dict[str, CompiledFunction]:
     """Lowers and builds functions in several shared objects at once."""
-    lowered = [lower(f) for f in functions]
+    lowered = [lower(f, target) for f in functions]
     groups = [lowered[k:k + FUNCTIONS_PER_OBJECT]
               for k in range(0, len(lowered), FUNCTIONS_PER_OBJECT)]
     sources = [generate(group) for group in groups]
@@ -196,3 +212,19 @@ def build_functions(functions: Sequence[Function], name: str) -> dict[str, Compi
     for path, group in zip(paths, groups):
         compiled.update(load(path, group).functions)
     return compiled
+
+
+def build_cuda_functions(functions: Sequence[Function], name: str, target: CudaTarget
+                         ) -> dict[str, CudaLaunches]:
+    """Each function as its CUDA launches (``schedule.launches``), lowered and built in a
+    few cubins at once."""
+    launched = {f.name: [lower(k, target) for k in launches(f)] for f in functions}
+    names = list(launched)
+    groups = [names[k:k + FUNCTIONS_PER_OBJECT] for k in range(0, len(names), FUNCTIONS_PER_OBJECT)]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        binaries = list(pool.map(
+            lambda item: build_cuda([k for n in item[1] for k in launched[n]], target,
+                                    f"{name}_{item[0]}"), enumerate(groups)))
+    by_function = {f.name: f for f in functions}
+    return {n: CudaLaunches(by_function[n], tuple(launched[n]), binary.cubin, target.arch)
+            for group, binary in zip(groups, binaries) for n in group}

@@ -11,6 +11,7 @@ from treadle.config import override
 from treadle.errors import CompileError, IRError
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.dtypes import float32
+from treadle.ir.expr import eq
 from treadle.ir.lower import lower
 from treadle.target.cuda import ARCHS, cuda_target
 
@@ -36,7 +37,7 @@ def block_sum(name="block_sum", threads=128, local_name="s"):
                         s[t] = s[t] + s[t + step]
                     fb.barrier()
                     step //= 2
-                with fb.if_(t == 0):
+                with fb.if_(eq(t, 0)):
                     out[b] = s[0]
     return lower(fb.function, cuda_target())
 
@@ -127,3 +128,21 @@ def test_missing_nvcc_is_a_clear_error(tmp_path):
     with override(cache_dir=tmp_path, nvcc=str(tmp_path / "no-nvcc")):
         with pytest.raises(CompileError, match="cannot run nvcc"):
             build_cuda([block_sum()], cuda_target(), "block_sum")
+
+
+def test_a_buffer_read_back_across_a_barrier_is_not_restrict():
+    """nvcc hoists a __restrict__ load above __syncthreads(), so a value one thread writes
+    for the others would be read stale: such buffers lose the qualifier, others keep it."""
+    with FunctionBuilder("broadcast") as fb:
+        a = fb.param("a", float32, [32])
+        total = fb.param("total", float32, [1])
+        out = fb.param("out", float32, [32])
+        for b in fb.range(1, kind="blocks", name="b"):
+            for t in fb.range(32, kind="threads", name="t"):
+                with fb.if_(eq(t, 0)):
+                    total[0] = a[0]
+                fb.barrier()
+                out[t] = a[t] + total[0]
+    source = generate_cuda([lower(fb.function, cuda_target())])
+    assert "float *total" in source and "__restrict__ total" not in source
+    assert "const float *__restrict__ a" in source and "float *__restrict__ out" in source

@@ -19,6 +19,7 @@ ort = pytest.importorskip("onnxruntime")
 
 import treadle  # noqa: E402
 from treadle.models import MODELS, build, export_onnx, require  # noqa: E402
+from treadle.runtime import cuda as cuda_runtime  # noqa: E402
 
 RELATIVE_TOLERANCE = 1e-3  # max abs error / max abs value of the output
 SEQUENCE_LENGTHS = (1, 7, 16)  # the reduced BERT is exported at 16, its maximum is 64
@@ -30,9 +31,10 @@ def reference(path) -> "ort.InferenceSession":
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def assert_matches(compiled, session, inputs, context: str) -> None:
+def assert_matches(compiled, session, inputs, context: str, run=None) -> None:
+    """``run`` (``compiled`` itself by default) computes the outputs from named inputs."""
     expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
-    actual = dict(zip(compiled.output_names, compiled(**inputs)))
+    actual = dict(zip(compiled.output_names, (run or compiled)(**inputs)))
     assert sorted(actual) == sorted(expected), f"output names differ ({context})"
     for name, want in expected.items():
         got = actual[name]
@@ -48,12 +50,48 @@ def zoo(tmp_path_factory):
     return tmp_path_factory.mktemp("zoo")
 
 
+_REDUCED = {}
+
+
+def reduced(zoo, name: str):
+    """The CI-sized model ``name``, exported once per test session."""
+    if name not in _REDUCED:
+        _REDUCED[name] = export_onnx(name, zoo / f"{name}.onnx", reduced=True)
+    return _REDUCED[name]
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_reduced_model_matches_onnxruntime(zoo, name):
-    spec = export_onnx(name, zoo / f"{name}.onnx", reduced=True)
+    spec = reduced(zoo, name)
     compiled = treadle.compile(spec.path)
     assert compiled.input_names == spec.input_names
     assert_matches(compiled, reference(spec.path), spec.random_inputs(), name)
+
+
+PAPER_MODELS = ("bert", "gpt2", "inception_v3", "mobilenet_v2", "resnet50")
+# The CNNs take 10-20 s each in the GPU simulator.
+SIMULATED = [*PAPER_MODELS[:2], *(pytest.param(n, marks=pytest.mark.slow)
+                                  for n in PAPER_MODELS[2:])]
+
+
+@pytest.mark.parametrize("name", PAPER_MODELS)
+def test_paper_model_builds_for_cuda(zoo, name):
+    """Every kernel of the model in CUDA C, built by nvcc within the limits of an sm_80
+    GPU; on a machine with a GPU, run there too."""
+    spec = reduced(zoo, name)
+    compiled = treadle.compile(spec.path, target="cuda:sm_80")
+    assert compiled.executable.arch == "sm_80"
+    if cuda_runtime.available():
+        gpu = treadle.compile(spec.path, target="cuda")
+        assert_matches(gpu, reference(spec.path), spec.random_inputs(), f"{name} on the GPU")
+
+
+@pytest.mark.parametrize("name", SIMULATED)
+def test_paper_model_in_the_gpu_simulator_matches_onnxruntime(zoo, name):
+    spec = reduced(zoo, name)
+    compiled = treadle.compile(spec.path, target="cuda:sm_80")
+    assert_matches(compiled, reference(spec.path), spec.random_inputs(),
+                   f"{name} in the GPU simulator", run=compiled.executable.simulate)
 
 
 @pytest.mark.slow

@@ -134,7 +134,7 @@ def test_global_write_race_between_blocks_of_different_passes(monkeypatch):
         for blk in fb.range(2, kind="blocks", name="blk"):
             for t in fb.range(32, kind="threads", name="t"):
                 out[t] = 1.0
-    with pytest.raises(RaceError, match=r"out\[0\]: block 1 thread 0 and block 0 thread 0"):
+    with pytest.raises(RaceError, match=r"out\[0\]: block 1 thread 0 writes it and block 0 thread 0 writes"):
         simulate(lower(fb.function, CUDA), np.zeros(32, np.float32))
 
 
@@ -151,8 +151,8 @@ def test_every_thread_writing_one_global_element_is_a_race():
         for blk in fb.range(2, kind="blocks", name="blk"):
             for t in fb.range(32, kind="threads", name="t"):
                 out[0] = x[blk * 32 + t]
-    with pytest.raises(RaceError, match=r"global buffer out\[0\]: block 0 thread 0 and "
-                                        r"block \d+ thread \d+ both write it"):
+    with pytest.raises(RaceError, match=r"global buffer out\[0\]: block 0 thread 0 writes it "
+                                        r"and block \d+ thread \d+ writes it"):
         simulate(lower(fb.function, CUDA), _rand(64), np.zeros(1, np.float32))
 
 

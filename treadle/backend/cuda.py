@@ -38,7 +38,7 @@ from treadle.dump import dump_text
 from treadle.errors import CompileError, IRError
 from treadle.ir import dtypes
 from treadle.ir.dtypes import DataType
-from treadle.ir.expr import Const, Expr
+from treadle.ir.expr import Buffer, Const, Expr, Load
 from treadle.ir.functor import free_vars, walk
 from treadle.ir.stmt import Assert, Barrier, DeclBuffer, For, Function
 from treadle.target.cuda import CudaTarget
@@ -140,6 +140,7 @@ class CudaPrinter(CPrinter):
     def __init__(self, func: Function, prelude: Prelude):
         super().__init__(func, prelude)
         self.names.reserved |= CXX_RESERVED
+        self.loaded = {n.buffer for n in walk(func.body) if isinstance(n, Load)}
 
     def print(self) -> str:
         _, threads = launch_shape(self.func)
@@ -157,7 +158,13 @@ class CudaPrinter(CPrinter):
             *self.lines, "}"])
 
     def param(self, p) -> str:
-        return super().param(p).replace("*restrict ", "*__restrict__ ")
+        """A buffer the kernel both writes and reads is not ``__restrict__``: its threads
+        may pass values through it across a barrier, and nvcc moves a restrict load of
+        another thread's result above the __syncthreads() that orders it."""
+        text = super().param(p)
+        if isinstance(p, Buffer) and p in self.stored and p in self.loaded:
+            return text.replace("*restrict ", "*")
+        return text.replace("*restrict ", "*__restrict__ ")
 
 
 

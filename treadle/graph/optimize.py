@@ -16,12 +16,15 @@ from treadle.graph.passes.eliminate_dead_code import eliminate_dead_code
 from treadle.graph.passes.fold_constants import fold_constants
 from treadle.graph.passes.winograd import winograd
 
-PIPELINE = (canonicalize, fold_constants, eliminate_dead_code, channels_last, winograd)
+PIPELINE = (canonicalize, fold_constants, eliminate_dead_code, channels_last)
+# Target kind -> its pipeline: Winograd convolutions exist on the CPU only (a template of
+# its own there).
+PIPELINES = {"cpu": PIPELINE + (winograd,), "cuda": PIPELINE}
 
 
-def optimize(graph: Graph) -> Graph:
+def optimize(graph: Graph, target_kind: str = "cpu") -> Graph:
     dump_text(("graph", "00_input.txt"), str(graph))
-    for step, graph_pass in enumerate(PIPELINE, start=1):
+    for step, graph_pass in enumerate(PIPELINES[target_kind], start=1):
         graph = graph_pass(graph)
         dump_text(("graph", f"{step:02d}_{graph_pass.__name__}.txt"), str(graph))
     return graph

@@ -162,6 +162,9 @@ class FunctionBuilder:
 
     @contextmanager
     def if_(self, cond) -> Iterator[None]:
+        if isinstance(cond, bool):  # `i == 0` compares expressions structurally
+            raise IRError(f"if_() got the Python bool {cond}; compare IR expressions with "
+                          "eq(a, b) / ne(a, b), not == / !=")
         self._open()
         yield
         self.emit(If(as_expr(cond), self._close()))

@@ -207,6 +207,17 @@ def device_properties() -> dict:
             **{key: driver.attribute(code) for key, code in ATTRIBUTES.items()}}
 
 
+def synchronize() -> None:
+    """Waits for every launch and copy issued so far."""
+    _driver().call("cuCtxSynchronize")
+
+
+def copy_to_host(address: int, out: np.ndarray) -> None:
+    """Copies ``out.nbytes`` bytes at device ``address`` into the C-contiguous ``out``."""
+    if out.nbytes:
+        _driver().call("cuMemcpyDtoH_v2", out.ctypes.data, address, out.nbytes)
+
+
 class DeviceArray:
     """Device memory holding a C-contiguous array of ``shape`` and ``dtype``, freed by
     ``free()`` or when collected."""
@@ -341,10 +352,10 @@ class CudaKernel:
         values = bind_device_arguments(self.function, arrays, symbols)
         _check_overlap(self.function, arrays, self._written)
         with self._lock, _staged(arrays) as (addresses, copies):
-            self._reset_status()
+            self.reset_status()
             self._launch(self._params(addresses, values), self._grid(values))
             _driver().call("cuCtxSynchronize")
-            self._check_status()
+            self.check_status()
             for array, copy, written in zip(arrays, copies, self._written):
                 if copy is not None and written:
                     copy.to_numpy(out=array)
@@ -358,13 +369,19 @@ class CudaKernel:
         _check_overlap(self.function, arrays, self._written)
         with self._lock, _staged(arrays) as (addresses, _), _events(2) as (start, end):
             params, blocks = self._params(addresses, values), self._grid(values)
-            self._reset_status()
+            self.reset_status()
             for _ in range(warmup):
                 self._launch(params, blocks)
             times = [self._timed_launch(params, blocks, start, end) for _ in range(repeat)]
             _driver().call("cuCtxSynchronize")
-            self._check_status()
+            self.check_status()
         return times
+
+    def launch_unchecked(self, addresses: Sequence[int], values: Mapping[Var, Value]) -> None:
+        """Launches on device addresses (the buffer parameters in order) and symbol values
+        that the caller has checked, without waiting: a model's steps go back to back on
+        the stream, and ``check_status`` after a ``synchronize`` reports a failed assert."""
+        self._launch(self._params(addresses, values), self._grid(values))
 
     def _params(self, addresses: Sequence[int], values: Mapping[Var, Value]) -> list:
         pointers = iter(addresses)
@@ -398,10 +415,10 @@ class CudaKernel:
         driver.call("cuEventElapsedTime_v2", ctypes.byref(milliseconds), start, end)
         return milliseconds.value
 
-    def _reset_status(self) -> None:
+    def reset_status(self) -> None:
         _driver().call("cuMemsetD32_v2", self._status, 0, 1)
 
-    def _check_status(self) -> None:
+    def check_status(self) -> None:
         status = ctypes.c_int32()
         _driver().call("cuMemcpyDtoH_v2", ctypes.addressof(status), self._status, 4)
         if status.value == 0:

@@ -249,7 +249,7 @@ class Executable:
         for array, i in zip(arrays, self.inputs):
             slot = self.slots[i]
             try:
-                expected = _evaluate_shape(slot.shape, symbols)
+                expected = evaluate_shape(slot.shape, symbols)
             except KeyError as err:
                 raise ArgumentError(f"input {slot.name!r}: {err}") from None
             if tuple(array.shape) != expected:
@@ -276,7 +276,7 @@ class Executable:
         return plan
 
     def _make_plan(self, symbols: dict[Var, int]) -> _Plan:
-        shapes = {i: _evaluate_shape(s.shape, symbols) for i, s in enumerate(self.slots)}
+        shapes = {i: evaluate_shape(s.shape, symbols) for i, s in enumerate(self.slots)}
         for i, shape in shapes.items():
             if any(d < 0 for d in shape):
                 raise ShapeError(f"tensor {self.slots[i].name!r} would have negative shape "
@@ -307,7 +307,7 @@ class Executable:
                     last.setdefault(out, index)
             for k, w in enumerate(step.workspaces):
                 workspaces.append(((index, k), index, index,
-                                   _size_bytes(w.dtype, _evaluate_shape(w.shape, symbols))))
+                                   _size_bytes(w.dtype, evaluate_shape(w.shape, symbols))))
         arena = [(s, first[s], last[s], _size_bytes(self.slots[s].dtype, shapes[s]))
                  for s in first if s not in external]
         return arena + workspaces
@@ -460,7 +460,7 @@ def _first_fit(intervals) -> tuple[dict[object, int], int]:
     return offsets, total
 
 
-def _evaluate_shape(shape: Sequence[Dim], symbols: Mapping[Var, int]) -> tuple[int, ...]:
+def evaluate_shape(shape: Sequence[Dim], symbols: Mapping[Var, int]) -> tuple[int, ...]:
     return tuple(d if isinstance(d, int) else int(evaluate(d, symbols)) for d in shape)
 
 

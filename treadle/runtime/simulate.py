@@ -347,6 +347,10 @@ def _barrier(s: Barrier, lanes: _Lanes, env: Env, mask: Mask) -> None:
                           "must reach each barrier (__syncthreads)")
     for memory in lanes.shared.values():
         memory.new_interval(blocks)
+    passed = lanes.block[::lanes.threads][blocks]
+    for memory in env.values():
+        if isinstance(memory, _GlobalMemory):
+            memory.new_interval(passed, lanes.threads)
 
 
 def _assert(s: Assert, lanes: _Lanes, env: Env, mask: Mask) -> None:
@@ -477,27 +481,69 @@ def _fill(dtype: DataType, size: int) -> np.ndarray:
 
 class _GlobalMemory(_Memory):
     """A kernel argument, updated in place, with a record of which threads wrote each
-    element (made at the first write, as most arguments are only read)."""
+    element (made at the first write, as most arguments are only read): over the whole
+    kernel, and since the writer's block last passed a barrier."""
 
     def __init__(self, buffer: Buffer, array: np.ndarray):
         super().__init__(buffer, array.shape, array.reshape(-1), np.int64(0))
         self.writers: _Touches | None = None
+        self.recent: _Touches | None = None
+        self.unsynced = False  # whether ``recent`` holds anything
 
     def on_write(self, lanes: _Lanes, active, element, address) -> None:
         if self.writers is None:
             self.writers = _Touches(self.size, np.int64)
+            self.recent = _Touches(self.size, np.int64)
         # Blocks never synchronise with each other, so a global write is numbered by its
         # thread in the whole grid, and every two writers of one element race.
-        who = lanes.block[active] * lanes.threads + lanes.thread[active]
+        who = _grid_thread(lanes, active)
         self.writers.add(address, who)
-        found = self.writers.first_other(address, who)
+        self.recent.add(address, who)
+        self.unsynced = True
+        self._race(self.writers.first_other(address, who), lanes, active, element,
+                   "writes", "writes")
+
+    def on_read(self, lanes: _Lanes, active, element, address) -> None:
+        """A read races with a write by another thread of its block since their last
+        barrier, and with any write by a thread of another block."""
+        if self.writers is None:
+            return
+        who = _grid_thread(lanes, active)
+        found = self.recent.first_other(address, who) if self.unsynced else None
+        self._race(found or self._other_block(address, who, lanes.threads), lanes, active,
+                   element, "reads", "writes")
+
+    def _other_block(self, address, who, threads: int) -> tuple[int, int] | None:
+        low, high = self.writers.low[address], self.writers.high[address]
+        block = who // threads
+        k = _first((high != NOBODY) & ((low // threads != block) | (high // threads != block)))
+        if k is None:
+            return None
+        return k, int(low[k] if low[k] // threads != block[k] else high[k])
+
+    def _race(self, found, lanes: _Lanes, active, element, verb: str, other_verb: str) -> None:
         if found is not None:
             k, other = found
             block, thread = divmod(other, lanes.threads)
             raise RaceError(f"{lanes.kernel.name}: data race on global buffer "
                             f"{self.element_text(_at(element, k))}: "
-                            f"{lanes.where(_lane(active, k))} and block {block} thread "
-                            f"{thread} both write it")
+                            f"{lanes.where(_lane(active, k))} {verb} it and block {block} "
+                            f"thread {thread} {other_verb} it with no barrier between")
+
+    def new_interval(self, blocks: np.ndarray, threads: int) -> None:
+        """Forgets the recent writes of the blocks (their numbers in the grid) that passed
+        a barrier."""
+        if not self.unsynced:
+            return
+        written = self.recent.high != NOBODY
+        passed = written & np.isin(self.recent.low // threads, blocks)
+        self.recent.low[passed] = np.iinfo(self.recent.low.dtype).max
+        self.recent.high[passed] = NOBODY
+        self.unsynced = bool((written & ~passed).any())
+
+
+def _grid_thread(lanes: _Lanes, active) -> np.ndarray:
+    return lanes.block[active] * lanes.threads + lanes.thread[active]
 
 
 class _LocalMemory(_Memory):

@@ -17,6 +17,7 @@ from treadle.schedule.rules import Kernel, schedule_computes
 from treadle.schedule.template import FixedTemplate, Template, default_point
 from treadle.schedule.templates.gemm import GEMM
 from treadle.schedule.templates.index_check import schedule_index_check
+from treadle.schedule.templates.matmul_cuda import MATMUL_CUDA
 from treadle.schedule.templates.window_cpu import match_window, schedule_window
 from treadle.schedule.templates.winograd_cpu import schedule_winograd
 from treadle.target.cpu import CpuTarget, host
@@ -83,6 +84,8 @@ class RulesTemplate(FixedTemplate):
 TEMPLATES: dict[str, tuple[Template, ...]] = {
     "cpu": (HandWrittenTemplate(), WinogradTemplate(), IndexCheckTemplate(), GEMM,
             WindowTemplate(), RulesTemplate()),
+    # On CUDA the rules' parallel loops become launches (schedule.launches).
+    "cuda": (HandWrittenTemplate(), IndexCheckTemplate(), MATMUL_CUDA, RulesTemplate()),
 }
 
 

@@ -93,10 +93,11 @@ class MatmulCudaTemplate:
 
     def space(self, pattern: GemmPattern, level: int, target: CudaTarget
               ) -> list[MatmulCudaConfig]:
-        """Level 0: the default alone; otherwise every valid combination of block tile,
-        K step, thread tile and stages (under 200 points), largest blocks first."""
+        """Level 0: the largest block tile that still gives every SM a block (the
+        smallest where none does); otherwise every valid combination of block tile, K
+        step, thread tile and stages (under 200 points), largest blocks first."""
         if level == 0:
-            return [MatmulCudaConfig()]
+            return [_default(pattern, target)]
         configs = []
         for (bm, bn), bk, (tm, tn), stages in itertools.product(
                 reversed(BLOCKS), (8, 16), THREAD_TILES, (2, 1)):
@@ -143,6 +144,18 @@ class MatmulCudaTemplate:
 
 
 MATMUL_CUDA = MatmulCudaTemplate()
+
+
+def _default(pattern: GemmPattern, target: CudaTarget) -> MatmulCudaConfig:
+    sizes = {role: product(e) for role, e in role_extents(pattern).items()}
+    if not all(isinstance(sizes[r], int) for r in ("batch", "m", "n")):
+        return MatmulCudaConfig()  # symbolic sizes: the tile of large problems
+    for bm, bn in sorted(BLOCKS, key=lambda b: -b[0] * b[1]):
+        tiles = sizes["batch"] * -(-sizes["m"] // bm) * -(-sizes["n"] // bn)
+        if tiles >= target.sms:
+            break
+    thread = 8 if bm * bn >= 64 * 64 else 4
+    return MatmulCudaConfig(bm, bn, 8, thread, thread)
 
 
 class _Problem:

@@ -5,7 +5,9 @@ A saved model is a directory that runs without the compiler:
     manifest.json         format and version, and every other file with its sha256
     program.pkl           tensor slots, the step list and the lowered IR of every kernel
     constants.npz         the constant tensors, by slot
-    kernels_<hash>.so     the shared objects, copied from the kernel cache
+    kernels_<hash>.so     the shared objects, copied from the kernel cache (a model
+                          compiled for CUDA has kernels_<hash>.cubin instead, and its
+                          manifest names the GPU architecture rather than CPU features)
 
 Shared objects are named by content hash because the dynamic loader reuses a library
 already loaded from the same path, so a path must never name two different binaries.

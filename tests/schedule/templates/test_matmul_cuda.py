@@ -71,10 +71,10 @@ SAMPLE = [MatmulCudaConfig(), MatmulCudaConfig(128, 64, 16, 8, 4, 1),
 SIZES = [(1, 1, 1), (7, 61, 97), (97, 7, 61), (61, 97, 7), (3, 5, 0)]
 
 
-def check_matmul(cfg):
+def check_matmul(cfg, sizes=SIZES):
     inputs, c = symbolic_matmul()
     func = kernel(inputs, c, cfg)
-    for m, n, k in SIZES:
+    for m, n, k in sizes:
         x, y = random_array((m, k), seed=1), random_array((k, n), seed=2)
         out = np.full((m, n), np.nan, np.float32)
         simulate(func, x, y, out)
@@ -86,9 +86,19 @@ def test_simulated_matmul_matches_numpy(cfg):
     check_matmul(cfg)
 
 
+# Every point of the space at one of these in turn: partial tiles along M and N, a K of
+# one step and of several (a short K keeps the simulation quick).
+ROTATION = [(61, 97, 7), (97, 61, 13), (7, 1, 29), (1, 7, 1)]
+
+
+@pytest.mark.parametrize("index, cfg", list(enumerate(space())), ids=str)
+def test_whole_space_matches_numpy_at_one_size_each(index, cfg):
+    check_matmul(cfg, [ROTATION[index % len(ROTATION)]])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cfg", space(), ids=str)
-def test_whole_space_matches_numpy(cfg):
+def test_whole_space_matches_numpy_at_every_size(cfg):
     check_matmul(cfg)
 
 

@@ -74,13 +74,22 @@ SIMULATED = [*PAPER_MODELS[:2], *(pytest.param(n, marks=pytest.mark.slow)
                                   for n in PAPER_MODELS[2:])]
 
 
+_FOR_CUDA = {}
+
+
+def for_cuda(spec):
+    """The model compiled for an sm_80 GPU, once per test session."""
+    if spec.name not in _FOR_CUDA:
+        _FOR_CUDA[spec.name] = treadle.compile(spec.path, target="cuda:sm_80")
+    return _FOR_CUDA[spec.name]
+
+
 @pytest.mark.parametrize("name", PAPER_MODELS)
 def test_paper_model_builds_for_cuda(zoo, name):
     """Every kernel of the model in CUDA C, built by nvcc within the limits of an sm_80
     GPU; on a machine with a GPU, run there too."""
     spec = reduced(zoo, name)
-    compiled = treadle.compile(spec.path, target="cuda:sm_80")
-    assert compiled.executable.arch == "sm_80"
+    assert for_cuda(spec).executable.arch == "sm_80"
     if cuda_runtime.available():
         gpu = treadle.compile(spec.path, target="cuda")
         assert_matches(gpu, reference(spec.path), spec.random_inputs(), f"{name} on the GPU")
@@ -89,7 +98,7 @@ def test_paper_model_builds_for_cuda(zoo, name):
 @pytest.mark.parametrize("name", SIMULATED)
 def test_paper_model_in_the_gpu_simulator_matches_onnxruntime(zoo, name):
     spec = reduced(zoo, name)
-    compiled = treadle.compile(spec.path, target="cuda:sm_80")
+    compiled = for_cuda(spec)
     assert_matches(compiled, reference(spec.path), spec.random_inputs(),
                    f"{name} in the GPU simulator", run=compiled.executable.simulate)
 

@@ -16,7 +16,7 @@ from treadle.runtime import cuda as cuda_runtime
 from treadle.runtime.simulate import simulate
 from treadle.schedule.launches import WARP, launches
 from treadle.schedule.rules import schedule_computes
-from treadle.target.cuda import cuda_target, device_target
+from treadle.target.cuda import ARCHS, cuda_target, device_target
 
 TARGET = cuda_target("sm_80")
 f32 = dtypes.float32
@@ -127,11 +127,13 @@ def test_whole_tensor_sum_and_row_sums_without_keepdims(size):
         assert_close(out, np.asarray(expected, np.float32), reduction=3 * size)
 
 
-def test_every_launch_compiles_with_nvcc(tmp_path):
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_every_launch_compiles_with_nvcc(arch, tmp_path):
+    target = cuda_target(arch)
     kernels = [softmax(), layer_norm()]
-    funcs = [lower(f, TARGET) for k in kernels for f in launches(k.function)]
+    funcs = [lower(f, target) for k in kernels for f in launches(k.function)]
     with override(cache_dir=tmp_path):
-        binary = build_cuda(funcs, TARGET, "rules")
+        binary = build_cuda(funcs, target, "rules")
     assert len(binary.resources) == len(funcs)
 
 

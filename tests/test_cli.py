@@ -98,6 +98,8 @@ def test_show_lists_unsupported_ops(unsupported, capsys):
     (["run", "{affine}", "--dynamic", "bach=1:8"], "dynamic names 'bach', which no input"),
     (["run", "{affine}", "--dynamic", "batch=8:1"], "lo is greater than hi"),
     (["show", "{garbage}"], "not a readable ONNX model"),
+    (["run", "{affine}", "--dim", "batch=2", "--simulate"], "--simulate runs CUDA kernels"),
+    (["run", "{affine}", "--target", "tpu"], "expected 'cpu', 'cuda' or 'cuda:<arch>'"),
 ])
 def test_errors_print_one_line_and_exit_2(affine, unsupported, tmp_path, capsys, argv, message):
     garbage = tmp_path / "garbage.onnx"
@@ -128,11 +130,26 @@ def test_run_with_orchestrated_kernels(affine, capsys):
     assert "median latency" in capsys.readouterr().out
 
 
+def test_run_on_a_cuda_target_in_the_gpu_simulator(affine, capsys):
+    assert main(["run", str(affine), "--dim", "batch=3", "--target", "cuda:sm_80",
+                 "--simulate", "--repeat", "1"]) == 0
+    assert re.search(r"^y: float32\[3, 5\] mean ", capsys.readouterr().out, re.M)
+
+
+def test_run_on_a_cuda_target_without_a_gpu_says_so(affine, capsys, monkeypatch):
+    from treadle.runtime import cuda
+    if cuda.available():
+        pytest.skip("this machine has a GPU")
+    assert main(["run", str(affine), "--dim", "batch=3", "--target", "cuda"]) == 2
+    assert "no CUDA driver" in capsys.readouterr().err
+
+
 def test_info_prints_the_memory_hierarchy(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "vector registers" in out
     assert all(level in out for level in ("registers", "L1", "L2", "L3", "DRAM", "GB/s"))
+    assert re.search(r"^gpu: ", out, re.M)
 
 
 def test_the_module_runs_as_a_command(affine):

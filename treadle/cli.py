@@ -1,6 +1,7 @@
 """The ``treadle`` command.
 
     treadle run model.onnx [--input name=file.npy ...] [--dim seq=128 ...] [--repeat N]
+                           [--target cpu|cuda|cuda:sm_90 [--simulate]]
     treadle check model.onnx [--input name=file.npy ...] [--dim seq=128 ...]
     treadle show model.onnx
 
@@ -65,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--orchestrate", action="store_true",
                      help="choose the kernels by measuring candidates over the model's "
                           "primitives and solving for the cheapest set (Korch)")
+    run.add_argument("--target", default="cpu", metavar="TARGET",
+                     help="cpu (default), cuda (this machine's GPU) or cuda:<arch> "
+                          "(sm_80, sm_89, sm_90)")
+    run.add_argument("--simulate", action="store_true",
+                     help="with a CUDA target, run the kernels in the GPU simulator on "
+                          "the CPU (slow: small models and sizes)")
     run.set_defaults(command=run_command)
     check = commands.add_parser("check", help="compare a model's outputs with ONNX Runtime's "
                                 "and find the first node that differs")
@@ -83,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("model", help="an ONNX file")
     show.set_defaults(command=show_command)
     info = commands.add_parser("info", help="the CPU target and its memory hierarchy (probed "
-                               "once, then cached)")
+                               "once, then cached), and the GPU if there is one")
     info.set_defaults(command=info_command)
     return parser
 
@@ -100,6 +107,14 @@ def info_command(args) -> None:
     print(f"target: {', '.join(target.features) or 'no SIMD extensions'}; "
           f"{target.vector_registers} vector registers; {target.cores} threads")
     print(memory_hierarchy().format())
+    from treadle.runtime import cuda
+    if not cuda.available():
+        print("gpu: none (no CUDA driver or device; CUDA kernels build but do not run here)")
+        return
+    from treadle.target.cuda import device_target
+    gpu = device_target()
+    print(f"gpu: {cuda.device_properties()['name']} ({gpu.arch}, {gpu.sms} SMs, "
+          f"{gpu.l2_bytes >> 20} MB L2)")
 
 
 # ---- run -------------------------------------------------------------------------------------
@@ -108,19 +123,22 @@ def run_command(args) -> None:
     import treadle
     if args.repeat < 1:
         raise ValueError(f"--repeat {args.repeat}: expected a positive number")
+    if args.simulate and not args.target.startswith("cuda"):
+        raise ValueError(f"--simulate runs CUDA kernels; the target is {args.target}")
     dynamic = {k: _size_range(k, v) for k, v in _pairs(args.dynamic, "--dynamic").items()}
     model = treadle.compile(args.model, tune=_tune_level(args.tune), dynamic=dynamic or None,
-                            orchestrate=args.orchestrate)
+                            orchestrate=args.orchestrate, target=args.target)
     files = _pairs(args.input, "--input")
     if isinstance(model, SpecialisingModel):  # compiled for the contents given
         given = {n: np.load(files.pop(n)) for n in model.value_inputs if n in files}
         model = model.specialise(given)
     inputs = _inputs(model, files, {k: _size(k, v) for k, v in _pairs(args.dim, "--dim").items()})
-    outputs = model(**inputs)
+    call = model.executable.simulate if args.simulate else model
+    outputs = call(**inputs)
     times = []
     for _ in range(args.repeat):
         start = time.perf_counter()
-        model(**inputs)
+        call(**inputs)
         times.append(time.perf_counter() - start)
     for name, value in zip(model.output_names, outputs):
         print(f"{name}: {value.dtype}{list(value.shape)} {_summary(value)}")

@@ -1,6 +1,8 @@
 """Whole models compiled for CUDA: their kernels built by nvcc, their numbers from the GPU
 simulator (and the GPU, where there is one) against the CPU build of the same model and
 numpy, saved and loaded like CPU models."""
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,9 @@ from tests.harness import random_array
 from treadle import ops
 from treadle.errors import DeviceUnavailableError
 from treadle.runtime import cuda as cuda_runtime
+from treadle.ir.functor import evaluate
 from treadle.runtime.cuda_executor import CudaExecutable
+from treadle.runtime.simulate import simulate
 
 
 def small_cnn(batch="N"):
@@ -88,3 +92,61 @@ def test_on_the_gpu_cuda_model_matches_the_cpu_build(build, shape):
     x = random_array(shape, seed=9)
     for _ in range(2):  # the second call reuses the device arena and constants
         np.testing.assert_allclose(gpu(x)[0], cpu(x)[0], rtol=1e-4, atol=1e-5)
+
+
+class _HostArray:
+    """Host memory standing in for device memory: an address the kernels are given."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+        self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
+        self.memory = np.full(self.nbytes + 256, 0xFF, np.uint8)  # garbage: NaN as a float
+        self.address = self.memory.ctypes.data + (-self.memory.ctypes.data) % 256
+
+    @classmethod
+    def from_numpy(cls, array):
+        host = cls(array.shape, array.dtype)
+        ctypes.memmove(host.address, array.ctypes.data, array.nbytes)
+        return host
+
+
+class _SimulatedKernel:
+    """A launch run by the simulator on the buffers at the addresses it is given."""
+
+    def __init__(self, function, module):
+        self.function = function
+
+    def reset_status(self):
+        pass
+
+    def check_status(self):
+        pass
+
+    def launch_unchecked(self, addresses, values):
+        arrays = []
+        for buffer, address in zip(self.function.buffers, addresses):
+            shape = tuple(int(evaluate(d, values)) for d in buffer.shape)
+            count = int(np.prod(shape))
+            raw = (ctypes.c_char * max(count * buffer.dtype.numpy.itemsize, 1)).from_address(address)
+            arrays.append(np.frombuffer(raw, buffer.dtype.numpy, count).reshape(shape))
+        simulate(self.function, *arrays, **{v.name: x for v, x in values.items()})
+
+
+@pytest.mark.parametrize("build, shape", [(small_cnn, (2, 3, 11, 9)), (attention_block, (2, 5, 16))],
+                         ids=["cnn", "attention"])
+def test_device_path_with_host_memory_and_the_simulator(build, shape, monkeypatch):
+    """The GPU call path (arena offsets, constants uploaded once, views, outputs copied
+    back) with host memory for the device's and the simulator for the launches."""
+    monkeypatch.setattr(cuda_runtime, "DeviceArray", _HostArray)
+    monkeypatch.setattr(cuda_runtime, "CudaKernel", _SimulatedKernel)
+    monkeypatch.setattr(cuda_runtime, "CudaModule", lambda cubin: None)
+    monkeypatch.setattr(cuda_runtime, "synchronize", lambda: None)
+    monkeypatch.setattr(cuda_runtime, "copy_to_host",
+                        lambda address, out: ctypes.memmove(out.ctypes.data, address, out.nbytes))
+    graph = build()
+    gpu, cpu = treadle.compile(graph, target="cuda:sm_80"), treadle.compile(graph)
+    x = random_array(shape, seed=3)
+    for _ in range(2):
+        np.testing.assert_allclose(gpu(x)[0], cpu(x)[0], rtol=1e-4, atol=1e-5)
+    assert [s.name for s, _ in gpu.executable.trace(x)] == [
+        s.name for s in gpu.executable.steps if s.kernel is not None]

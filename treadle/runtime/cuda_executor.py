@@ -57,44 +57,16 @@ class CudaExecutable(Executable):
         with self._device_lock:  # one arena on the device: one call at a time
             symbols = self._bind(arrays)
             plan = self._plan(symbols)
-            base = self._arena_on_device(plan.arena_bytes)
-            held = [cuda.DeviceArray.from_numpy(a) for a in arrays]
-            address = {slot: d.address for slot, d in self._constants_on_device().items()}
-            address.update((slot, d.address) for slot, d in zip(self.inputs, held))
-            results = {slot: np.empty(plan.shapes[slot], self.slots[slot].dtype.numpy)
-                       for slot in self.outputs if slot not in address}
-            for slot, result in results.items():
-                held.append(cuda.DeviceArray(result.shape, result.dtype))
-                address[slot] = held[-1].address
-            launched = []
-            for index, step in enumerate(self.steps):
-                where = [address[a] if a in address else
-                         base + plan.offsets[a if a >= 0 else (index, -a - 1)] for a in step.args]
-                if step.kernel is None:  # a view: its source's memory
-                    if step.outputs[0] in results:
-                        held.append(_copy_of(where[0], results[step.outputs[0]]))
-                        address[step.outputs[0]] = held[-1].address
-                    else:
-                        address[step.outputs[0]] = where[0]
-                    continue
-                values = {v: symbols[v] for v in self._step_symbols[index]}
-                begin = time.perf_counter()
-                for kernel in step.kernel.kernels(self._modules):
-                    kernel.reset_status()
-                    kernel.launch_unchecked(where, values)
-                    launched.append(kernel)
-                if watch is not None:
-                    cuda.synchronize()
-                    seconds = time.perf_counter() - begin
-                    watch(step, seconds, {s: _downloaded(where[step.args.index(s)],
-                                                         self.slots[s], plan.shapes[s])
-                                          for s in step.outputs})
+            call = _Call(self, plan, symbols, self._arena_on_device(plan.arena_bytes))
+            call.place(arrays)
+            launched = [kernel for index, step in enumerate(self.steps)
+                        for kernel in call.step(index, step, watch)]
             cuda.synchronize()
             for kernel in launched:
                 kernel.check_status()
-            for slot, result in results.items():
-                cuda.copy_to_host(address[slot], result)
-            return [self._owned(s, {**results, **dict(zip(self.inputs, arrays))})
+            for slot, result in call.results.items():
+                cuda.copy_to_host(call.address[slot], result)
+            return [self._owned(s, {**call.results, **dict(zip(self.inputs, arrays))})
                     for s in self.outputs]
 
     def simulate(self, *args, **named) -> list[np.ndarray]:
@@ -132,6 +104,59 @@ class CudaExecutable(Executable):
         if self._device_arena is None or self._device_arena.nbytes < nbytes:
             self._device_arena = DeviceArray((max(nbytes, 1),), np.uint8)
         return self._device_arena.address
+
+
+class _Call:
+    """One call's device memory: where each tensor lies, the device arrays it holds, and
+    the host arrays its outputs come back into."""
+
+    def __init__(self, exe: CudaExecutable, plan, symbols: dict, base: int):
+        self.exe, self.plan, self.symbols, self.base = exe, plan, symbols, base
+        self.address = {slot: d.address for slot, d in exe._constants_on_device().items()}
+        self.held: list = []  # device arrays alive until the call returns
+        self.results: dict[int, np.ndarray] = {}
+
+    def place(self, arrays: list[np.ndarray]) -> None:
+        """The inputs copied to the device, and device arrays for the outputs."""
+        from treadle.runtime.cuda import DeviceArray
+        exe = self.exe
+        for slot, array in zip(exe.inputs, arrays):
+            self._hold(slot, DeviceArray.from_numpy(array))
+        for slot in exe.outputs:
+            if slot not in self.address:
+                result = np.empty(self.plan.shapes[slot], exe.slots[slot].dtype.numpy)
+                self.results[slot] = result
+                self._hold(slot, DeviceArray(result.shape, result.dtype))
+
+    def step(self, index: int, step: Step, watch: Optional[Callable]) -> list:
+        """Launches ``step``'s kernels (a view is an address) and returns them."""
+        plan = self.plan
+        where = [self.address[a] if a in self.address else
+                 self.base + plan.offsets[a if a >= 0 else (index, -a - 1)] for a in step.args]
+        if step.kernel is None:  # a view: its source's memory, copied if an output
+            out = step.outputs[0]
+            if out in self.results:
+                self._hold(out, _copy_of(where[0], self.results[out]))
+            else:
+                self.address[out] = where[0]
+            return []
+        values = {v: self.symbols[v] for v in self.exe._step_symbols[index]}
+        begin = time.perf_counter()
+        kernels = step.kernel.kernels(self.exe._modules)
+        for kernel in kernels:
+            kernel.reset_status()
+            kernel.launch_unchecked(where, values)
+        if watch is not None:
+            from treadle.runtime.cuda import synchronize
+            synchronize()
+            watch(step, time.perf_counter() - begin,
+                  {s: _downloaded(where[step.args.index(s)], self.exe.slots[s], plan.shapes[s])
+                   for s in step.outputs})
+        return kernels
+
+    def _hold(self, slot: int, device) -> None:
+        self.held.append(device)
+        self.address[slot] = device.address
 
 
 def _downloaded(address: int, slot: Slot, shape) -> np.ndarray:

@@ -27,8 +27,9 @@ from treadle.ir.compute import combine
 from treadle.ir.dtypes import int32
 from treadle.ir.expr import Const, Var, call, ceil_div, const, eq
 from treadle.ir.functor import rewrite, walk
-from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, For, Function, If, Let,
-                             Seq, Stmt, Store)
+from treadle.ir.stmt import (Accumulate, Assert, Barrier, For, Function, If, Let, Seq, Stmt,
+                             Store)
+from treadle.schedule.rules import reduction_parts
 
 THREADS = 256
 WARP = 32
@@ -145,14 +146,13 @@ def _row_item(item: Stmt, lane: Var) -> Stmt:
 
 
 def _is_reduction(s: Stmt) -> bool:
-    return (isinstance(s, Seq) and len(s.stmts) == 4 and isinstance(s.stmts[0], DeclBuffer)
-            and any(isinstance(n, Accumulate) for n in walk(s.stmts[2])))
+    return reduction_parts(s) is not None
 
 
 def _strided_reduction(s: Seq, lane: Var) -> Stmt:
     """The rules' reduction (declare, initialise, loops, store) with its innermost loop
     strided over the lanes and the lanes' partial results combined by shuffles."""
-    decl, init, loops, store = s.stmts
+    decl, init, loops, store = reduction_parts(s)
     acc = decl.buffer
     op = next(n.op for n in walk(loops) if isinstance(n, Accumulate))
     combined = [Store(acc, (), combine(op, acc[()], call("shfl_xor", acc[()], const(m, int32))))

@@ -346,6 +346,18 @@ def _element(c: Compute, index: Sequence[Expr], inline: Inliner) -> Stmt:
                 Store(c.buffer, tuple(index), acc[()])))
 
 
+def reduction_parts(stmt: Stmt) -> tuple[DeclBuffer, Store, Stmt, Store] | None:
+    """The parts of one element of a reduction as ``_element`` writes it (the
+    accumulator's declaration, its initialisation, the loops accumulating into it, the
+    store of the result), for schedules that rearrange them; None for anything else."""
+    if not (isinstance(stmt, Seq) and len(stmt.stmts) == 4
+            and isinstance(stmt.stmts[0], DeclBuffer)):
+        return None
+    decl, init, loops, store = stmt.stmts
+    accumulates = any(isinstance(n, Accumulate) and n.buffer == decl.buffer for n in walk(loops))
+    return (decl, init, loops, store) if accumulates else None
+
+
 def _vector_reduce(c: Compute) -> bool:
     """Whether the innermost reduce loop of ``c`` should be a vector reduction: a float
     accumulator (integer sums are associative, so compilers vectorise them anyway) and a

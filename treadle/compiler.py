@@ -70,9 +70,10 @@ def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int | str = 0
     the level-0 configs, no tuning or dynamic ranges yet). Under TREADLE_DUMP, everything
     is dumped into a folder of this compile's own."""
     target = target or host()
-    if target.kind == "cuda" and (tune != 0 or dynamic):
-        raise ValueError(f"tune={tune!r}, dynamic={dynamic!r}: CUDA kernels take their "
-                         "level-0 configs for now; compile with tune=0 and no dynamic ranges")
+    if target.kind == "cuda" and (tune != 0 or dynamic or strategy != "greedy"):
+        raise ValueError(f"tune={tune!r}, dynamic={dynamic!r}, kernels by {strategy}: CUDA "
+                         "kernels take their level-0 configs and the default fusion for now; "
+                         "compile with tune=0, no dynamic ranges and no orchestration")
     with dump_folder(graph.name):
         return _compile_graph(graph, optimize_graph, tune, strategy, dynamic or {}, target)
 

@@ -111,6 +111,20 @@ def test_batched_matmul_with_a_broadcast_operand():
     assert_close(out, x @ y, reduction=17)
 
 
+@pytest.mark.parametrize("cfg", SAMPLE[:3], ids=str)
+def test_right_operand_contiguous_along_k_loads_along_k(cfg):
+    """x @ w.T with w [N, K] (a linear layer's weights): B's slice is loaded along K."""
+    M, N, K = Var("M"), Var("N"), Var("K")
+    a, w = Buffer("a", float32, (M, K)), Buffer("w", float32, (N, K))
+    c = reduce("c", [M, N], [K], lambda i, j, r: a[i, r] * w[j, r])
+    func = kernel([a, w], c, cfg)
+    for m, n, k in [(7, 61, 97), (61, 7, 13), (1, 130, 9)]:
+        x, y = random_array((m, k), seed=5), random_array((n, k), seed=6)
+        out = np.full((m, n), np.nan, np.float32)
+        simulate(func, x, y, out)
+        assert_close(out, x @ y.T, reduction=k, context=f"{cfg} at {m}x{n}x{k}")
+
+
 def fused_convolution():
     """conv(x, w) + bias, then ReLU, 3x3 with stride 2 and padding 1 (NCHW)."""
     n, ci, h, wd, co, k, stride, pad = 2, 3, 11, 7, 5, 3, 2, 1

@@ -4,8 +4,9 @@ GEMM), in the steps of the template protocol.
 
 A block computes a ``block_m x block_n`` tile of C. Its threads load the next
 ``block_m x block_k`` slice of A and ``block_k x block_n`` slice of B cooperatively (a task
-mapping spreads the elements over the threads, consecutive threads on consecutive K for A
-and N for B, so the loads coalesce), through registers into shared memory, while they
+mapping spreads the elements over the threads, consecutive threads along whichever of K
+and the rows is contiguous in the factor's memory, so the loads coalesce), through
+registers into shared memory, while they
 multiply the slices already there (double buffering, ``stages=2``: one barrier per step).
 Each thread accumulates a ``thread_m x thread_n`` register tile. Its rows and columns come
 in groups of four, the groups of neighbouring threads side by side: a warp reads a row of
@@ -36,9 +37,10 @@ from treadle.target.cuda import CudaTarget
 
 ELEMENT_BYTES = 4
 GROUP = 4  # a thread's rows and columns come in runs of this many (one 128-bit word)
-# Padding of each K row of the A slice: the transposing stores of neighbouring threads
-# (consecutive K) then fall into distinct shared-memory banks.
-A_PAD = 4
+# Padding of each K row of a slice in shared memory: where neighbouring threads load
+# consecutive K (and store a column of the K-major slice), their stores then fall into
+# distinct banks.
+PAD = 4
 # Above this many registers a thread's tile would spill (255 is the hardware's limit;
 # addressing and the staged loads need the rest).
 MAX_TILE_REGISTERS = 160
@@ -59,7 +61,8 @@ class MatmulCudaConfig:
 
     @property
     def shared_bytes(self) -> int:
-        return self.stages * self.block_k * (self.block_m + A_PAD + self.block_n) * ELEMENT_BYTES
+        return (self.stages * self.block_k * (self.block_m + self.block_n + 2 * PAD)
+                * ELEMENT_BYTES)
 
     @property
     def loads_per_thread(self) -> tuple[int, int]:
@@ -170,6 +173,22 @@ class _Problem:
         axes = self.pattern.axes(role)
         return dict(zip(axes, unravel(flat, self.extents[role]))) if axes else {}
 
+    def along_k(self, which: str) -> bool:
+        """Whether consecutive K of a factor are adjacent in memory: the innermost index of
+        its loads varies with the innermost K axis and not with the innermost row axis
+        (A of a row-major product, a filter with its input channels innermost). Otherwise
+        its rows are (B of a row-major product), and where the loads say neither, A runs
+        along K and B along its rows."""
+        rows = self.pattern.axes("m" if which == "left" else "n")
+        k_axes = self.pattern.compute.reduce_axes
+        loads = [n for n in walk(getattr(self.pattern, which)) if isinstance(n, Load)
+                 and n.indices]
+        if not loads or not rows or not k_axes:
+            return which == "left"
+        inner = free_vars(loads[0].indices[-1])
+        by_k, by_row = k_axes[-1] in inner, rows[-1] in inner
+        return by_k if by_k != by_row else which == "left"
+
     def factor(self, which: str, batch: dict, row, k) -> Expr:
         """A (``which`` = "left", rows are M) or B ("right", rows are N) at a position."""
         role = "m" if which == "left" else "n"
@@ -190,9 +209,9 @@ def _emit(resolved: ResolvedMatmulCuda, name: str) -> Kernel:
                      problem.coords("batch", blk // (tiles_m * tiles_n)).items()}
             m0 = fb.let("m0", blk // tiles_n % tiles_m * cfg.block_m)
             n0 = fb.let("n0", blk % tiles_n * cfg.block_n)
-            a_tile = fb.buffer("a_tile", float32, [cfg.stages, cfg.block_k, cfg.block_m + A_PAD],
+            a_tile = fb.buffer("a_tile", float32, [cfg.stages, cfg.block_k, cfg.block_m + PAD],
                                scope="shared")
-            b_tile = fb.buffer("b_tile", float32, [cfg.stages, cfg.block_k, cfg.block_n],
+            b_tile = fb.buffer("b_tile", float32, [cfg.stages, cfg.block_k, cfg.block_n + PAD],
                                scope="shared")
             for t in fb.range(cfg.threads, kind="threads", name="t"):
                 _thread(fb, problem, cfg, t, batch, m0, n0, a_tile, b_tile)
@@ -233,8 +252,8 @@ def _thread(fb: FunctionBuilder, problem: _Problem, cfg: MatmulCudaConfig, t, ba
         _load_slice(fb, problem, cfg, t, b_stage, "right", batch, n0, step)
 
     def store(slot):
-        _store_slice(fb, cfg, t, a_stage, a_tile, "left", slot)
-        _store_slice(fb, cfg, t, b_stage, b_tile, "right", slot)
+        _store_slice(fb, problem, cfg, t, a_stage, a_tile, "left", slot)
+        _store_slice(fb, problem, cfg, t, b_stage, b_tile, "right", slot)
 
     with fb.if_(steps > 0):
         load(0)
@@ -252,13 +271,13 @@ def _thread(fb: FunctionBuilder, problem: _Problem, cfg: MatmulCudaConfig, t, ba
     _store_tile(fb, problem, cfg, acc, batch, m0, n0, ty, tx)
 
 
-def _slice_position(cfg: MatmulCudaConfig, which: str, e):
-    """(row, k) of element ``e`` of the slice of A (``which`` = "left", rows are M) or B
-    (rows are N): consecutive elements run along K for A and along N for B, the contiguous
-    axes of row-major operands, so consecutive threads load consecutive addresses."""
-    if which == "left":
+def _slice_position(cfg: MatmulCudaConfig, along_k: bool, rows: int, e):
+    """(row, k) of element ``e`` of a slice of ``rows`` rows: consecutive elements run
+    along K where the factor's consecutive K are adjacent in memory, else along its rows,
+    so consecutive threads load consecutive addresses."""
+    if along_k:
         return e // cfg.block_k, e % cfg.block_k
-    return e % cfg.block_n, e // cfg.block_n
+    return e % rows, e // rows
 
 
 def _load_slice(fb, problem: _Problem, cfg: MatmulCudaConfig, t, stage: Buffer, which: str,
@@ -266,8 +285,9 @@ def _load_slice(fb, problem: _Problem, cfg: MatmulCudaConfig, t, stage: Buffer, 
     """Stages this thread's elements of the slice of A or B at ``step``; outside the problem
     they are zero."""
     limit, K = problem.size["m" if which == "left" else "n"], problem.size["k"]
+    rows, along_k = _slice_rows(cfg, which), problem.along_k(which)
     for (e,) in (repeat(stage.shape[0].value, kind="unroll") * spatial(cfg.threads)).on(t):
-        row, kk = _slice_position(cfg, which, e)
+        row, kk = _slice_position(cfg, along_k, rows, e)
         r, k = row0 + row, step * cfg.block_k + kk
         with fb.if_(logical_and(r < limit, k < K)):
             stage[e // cfg.threads] = problem.factor(which, batch, r, k)
@@ -275,12 +295,17 @@ def _load_slice(fb, problem: _Problem, cfg: MatmulCudaConfig, t, stage: Buffer, 
             stage[e // cfg.threads] = 0.0
 
 
-def _store_slice(fb, cfg: MatmulCudaConfig, t, stage: Buffer, tile: Buffer, which: str,
-                 slot) -> None:
+def _store_slice(fb, problem: _Problem, cfg: MatmulCudaConfig, t, stage: Buffer, tile: Buffer,
+                 which: str, slot) -> None:
     """The staged elements into shared memory, both slices K-major."""
+    rows, along_k = _slice_rows(cfg, which), problem.along_k(which)
     for (e,) in (repeat(stage.shape[0].value, kind="unroll") * spatial(cfg.threads)).on(t):
-        row, kk = _slice_position(cfg, which, e)
+        row, kk = _slice_position(cfg, along_k, rows, e)
         tile[slot, kk, row] = stage[e // cfg.threads]
+
+
+def _slice_rows(cfg: MatmulCudaConfig, which: str) -> int:
+    return cfg.block_m if which == "left" else cfg.block_n
 
 
 def _offset(index, lanes_of_threads: int):

@@ -67,7 +67,7 @@ def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int | str = 0
     ``strategy``: how the kernels are chosen (``graph.kernel_plan.STRATEGIES``);
     ``dynamic``: ranges of symbols, over which the kernels that depend on them are tuned
     (``tune.dynamic``); ``target``: the host CPU by default, or a GPU (``target.cuda``:
-    the level-0 configs, no tuning or dynamic ranges yet). Under TREADLE_DUMP, everything
+    the level-0 configs and greedy fusion, no tuning, dynamic ranges or orchestration yet). Under TREADLE_DUMP, everything
     is dumped into a folder of this compile's own."""
     target = target or host()
     if target.kind == "cuda" and (tune != 0 or dynamic or strategy != "greedy"):

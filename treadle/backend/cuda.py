@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import json
 import os
 import re
@@ -31,7 +32,7 @@ from typing import Sequence
 
 from treadle.backend.build import lock_for, sha256_of, write_atomic
 from treadle.backend.c import (CALL_PRINTERS, LOOP_PRINTERS, PRIMARY, STMT_PRINTERS,
-                               CPrinter, c_name, fault_symbol, generate)
+                               CPrinter, c_name, fault_symbol, generate, print_loop)
 from treadle.backend.c_prelude import Prelude
 from treadle.config import config
 from treadle.dump import dump_text
@@ -95,7 +96,6 @@ def _worker_loop(index: str):
 
 
 def _unrolled(p: CudaPrinter, s: For) -> None:
-    from treadle.backend.c import print_loop
     print_loop(p, s, "#pragma unroll" if isinstance(s.extent, Const) else None)
 
 
@@ -104,9 +104,7 @@ def _decl_buffer(p: CudaPrinter, s: DeclBuffer) -> None:
     if not all(isinstance(d, Const) for d in b.shape):
         raise IRError(f"{b.scope} buffer {b.name} has symbolic shape "
                       f"{list(map(str, b.shape))}; CUDA arrays need constant sizes")
-    count = 1
-    for d in b.shape:
-        count *= d.value
+    count = math.prod(d.value for d in b.shape)
     ctype, name = p.type(b.dtype), p.names.declare(b, b.name)
     qualifier = "__shared__ __align__(16) " if b.scope == "shared" else ""
     p.emit(f"{qualifier}{ctype} {name}" + (f"[{count}];" if b.rank or b.scope == "shared"

@@ -44,7 +44,7 @@ def interpret(func: Function, *arrays: np.ndarray, **symbols: int) -> None:
     readable from the arrays' shapes are passed by keyword."""
     values = bind_arguments(func, arrays, symbols)
     for buffer in func.buffers:  # refuse unsupported dtypes before the kernel runs
-        _numpy_type(buffer.dtype)
+        numpy_type(buffer.dtype)
     env: Env = {var: _convert(value, var.dtype) for var, value in values.items()}
     env.update(zip(func.buffers, arrays))
     # C arithmetic: float overflow gives inf and integers wrap, without warnings.
@@ -175,7 +175,7 @@ def _decl_buffer(stmt: DeclBuffer, env: Env) -> None:
     shape = tuple(int(_eval(d, env)) for d in buffer.shape)
     if buffer.dtype.is_vector:
         shape += (buffer.dtype.lanes,)
-    target = _numpy_type(buffer.dtype)
+    target = numpy_type(buffer.dtype)
     # NaN rather than zero, so a kernel that reads memory it never wrote fails here too.
     env[buffer] = np.full(shape, np.nan if target.kind == "f" else 0, target)
 
@@ -204,11 +204,11 @@ STMT_EXEC: dict[type, Callable[[Any, Env], None]] = {
     DeclBuffer: _decl_buffer,
     Barrier: _barrier,
     Assert: _assert,
-    Evaluate: lambda s, env: None if _is_prefetch(s.expr) else _eval(s.expr, env),
+    Evaluate: lambda s, env: None if is_prefetch(s.expr) else _eval(s.expr, env),
 }
 
 
-def _is_prefetch(e: Expr) -> bool:
+def is_prefetch(e: Expr) -> bool:
     """A prefetch is only a hint: its address may lie past the buffer, so it is not read."""
     return isinstance(e, Call) and e.func == "prefetch"
 
@@ -257,7 +257,7 @@ def _eval(expr: Expr, env: Env):
     return run(expr, env)
 
 
-def _numpy_type(dtype: DataType) -> np.dtype:
+def numpy_type(dtype: DataType) -> np.dtype:
     if dtype.scalar == dtypes.bfloat16:
         raise UnsupportedOpError("the interpreter has no bfloat16 values: numpy stores "
                                  "bfloat16 as raw uint16 bits, so arithmetic would be wrong")
@@ -267,7 +267,7 @@ def _numpy_type(dtype: DataType) -> np.dtype:
 def _convert(value, dtype: DataType):
     """``value`` as ``dtype`` with C conversion rules: a numpy scalar, or a fresh array of
     lanes for a vector type (a scalar is repeated over the lanes)."""
-    target = _numpy_type(dtype)
+    target = numpy_type(dtype)
     if dtype.is_vector:
         return np.broadcast_to(value, dtype.lanes).astype(target)
     return target.type(value)

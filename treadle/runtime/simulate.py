@@ -43,7 +43,7 @@ from treadle.ir.primitives import PRIMITIVES
 from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, Evaluate, For, ForTask,
                              Function, If, Let, Seq, Stmt, Store, fault_message)
 from treadle.runtime.arguments import bind_arguments
-from treadle.runtime.interpret import NUMPY_BINARY, NUMPY_UNARY, _numpy_type
+from treadle.runtime.interpret import NUMPY_BINARY, NUMPY_UNARY, is_prefetch, numpy_type
 
 # Lanes run in one pass: enough to fill numpy's vector loops, few enough that the per-lane
 # copies of local buffers stay small. The shared memory of a pass's blocks, with its race
@@ -123,7 +123,7 @@ def _check_types(func: Function) -> None:
         if dtype.is_vector:
             raise IRError(f"{func.name}: {node} is a {dtype} vector; the simulator runs scalar "
                           "CUDA code")
-        _numpy_type(dtype)  # refuses bfloat16
+        numpy_type(dtype)  # refuses bfloat16
 
 
 class _Scan:
@@ -361,8 +361,7 @@ def _assert(s: Assert, lanes: _Lanes, env: Env, mask: Mask) -> None:
 
 
 def _evaluate(s: Evaluate, lanes: _Lanes, env: Env, mask: Mask) -> None:
-    # A prefetch is only a hint: its address may lie past the buffer, so it is not read.
-    if not (isinstance(s.expr, Call) and s.expr.func == "prefetch"):
+    if not is_prefetch(s.expr):
         _eval(s.expr, lanes, env, mask)
 
 

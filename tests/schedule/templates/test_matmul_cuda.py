@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from tests.harness import assert_close, random_array
-from tests.schedule.templates.gemm.test_program import conv_reference
+from tests.schedule.templates.gemm.test_program import conv_reference, convolution
 from treadle.backend.cuda import build_cuda
 from treadle.config import override
 from treadle.errors import ScheduleConfigError
 from treadle.ir.compute import compute, reduce
 from treadle.ir.dtypes import float32
-from treadle.ir.expr import Buffer, Var, logical_and, maximum, select
+from treadle.ir.expr import Buffer, Var, maximum
 from treadle.ir.lower import lower
 from treadle.runtime import cuda as cuda_runtime
 from treadle.runtime.simulate import simulate
@@ -130,13 +130,7 @@ def fused_convolution():
     n, ci, h, wd, co, k, stride, pad = 2, 3, 11, 7, 5, 3, 2, 1
     x, w = Buffer("x", float32, (n, ci, h, wd)), Buffer("w", float32, (co, ci, k, k))
     bias = Buffer("bias", float32, (co,))
-    oh, ow = (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1
-
-    def element(b, o, i, j, c, p, q):
-        hi, wi = i * stride + p - pad, j * stride + q - pad
-        inside = logical_and(hi >= 0, hi < h, wi >= 0, wi < wd)
-        return select(inside, x[b, c, hi, wi], 0.0) * w[o, c, p, q]
-    conv = reduce("conv", [n, co, oh, ow], [ci, k, k], element)
+    conv = convolution(x, w, stride, pad)
     out = compute("out", conv.shape, lambda b, o, i, j: maximum(conv[b, o, i, j] + bias[o], 0.0))
     return [x, w, bias], out, (n, ci, h, wd, co, k, stride, pad)
 

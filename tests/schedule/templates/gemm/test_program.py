@@ -146,6 +146,18 @@ def test_batched_matmul_shared_batch_axis():
     assert_close(out, x @ y, reduction=9)
 
 
+def convolution(x: Buffer, w: Buffer, stride: int, pad: int):
+    """The compute of an NCHW convolution of ``x`` by the OIHW filters ``w``, zero-padded."""
+    (n, ci, h, wd), (co, _, k, _) = ((d.value for d in b.shape) for b in (x, w))
+    oh, ow = (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1
+
+    def element(b, o, i, j, c, p, q):
+        hi, wi = i * stride + p - pad, j * stride + q - pad
+        inside = logical_and(hi >= 0, hi < h, wi >= 0, wi < wd)
+        return select(inside, x[b, c, hi, wi], 0.0) * w[o, c, p, q]
+    return reduce("conv", [n, co, oh, ow], [ci, k, k], element)
+
+
 def conv_reference(x, w, stride, pad):
     n, ci, h, wd = x.shape
     co, _, kh, kw = w.shape
@@ -164,17 +176,11 @@ def conv_reference(x, w, stride, pad):
 def test_convolution_as_implicit_gemm(stride, pad, cfg):
     n, ci, h, wd, co, k = 2, 3, 11, 7, 5, 3
     x, w = Buffer("x", float32, (n, ci, h, wd)), Buffer("w", float32, (co, ci, k, k))
-    oh, ow = (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1
-
-    def element(b, o, i, j, c, p, q):
-        hi, wi = i * stride + p - pad, j * stride + q - pad
-        inside = logical_and(hi >= 0, hi < h, wi >= 0, wi < wd)
-        return select(inside, x[b, c, hi, wi], 0.0) * w[o, c, p, q]
-    out = reduce("conv", [n, co, oh, ow], [ci, k, k], element)
+    out = convolution(x, w, stride, pad)
     pattern = match_gemm(out)
     assert [len(a) for a in (pattern.batch_axes, pattern.m_axes, pattern.n_axes)] == [0, 3, 1]
     xv, wv = random_array((n, ci, h, wd), seed=7), random_array((co, ci, k, k), seed=8)
-    result = np.zeros((n, co, oh, ow), np.float32)
+    result = np.zeros([d.value for d in out.shape], np.float32)
     build([x, w], out, cfg)(xv, wv, result)
     assert_close(result, conv_reference(xv, wv, stride, pad), reduction=ci * k * k)
 

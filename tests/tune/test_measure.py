@@ -60,14 +60,27 @@ def test_a_child_that_cannot_start_fails_every_candidate(monkeypatch, caplog):
 
 def test_calls_cycle_through_copies_spanning_the_cold_size():
     """Arguments are copied until they span twice the last-level cache (here 1 MiB for a
-    16 KiB workload: capped at MAX_COPIES), and calls take the copies in turn."""
+    16 KiB workload: capped at MAX_COPIES), and each call takes the copy whose turn it is,
+    counted over every candidate's calls, so no candidate reads copies another has just
+    brought into cache."""
     from treadle.tune import measure
+
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def call_unchecked(self, arguments):
+            self.calls.append(tuple(arguments))
+
     function = gemm(GemmConfig())
     copies: list = []
-    cycle = measure._cold_arguments(function, {Var("M"): 64}, copies, 1 << 20)
-    assert len(copies) == measure.MAX_COPIES
-    taken = [next(cycle) for _ in range(measure.MAX_COPIES + 1)]
-    assert len({tuple(a) for a in taken}) == measure.MAX_COPIES
-    assert taken[0] == taken[-1]
-    few = measure._cold_arguments(function, {Var("M"): 64}, [], 100)
-    assert next(few) == next(few)
+    args = measure._cold_arguments(function, {Var("M"): 64}, copies, 1 << 20)
+    assert len(copies) == len(args) == measure.MAX_COPIES
+    assert len({tuple(a) for a in args}) == measure.MAX_COPIES
+    first, second = Recorder(), Recorder()
+    for turn in range(measure.MAX_COPIES + 1):
+        measure._seconds(first if turn % 2 else second, args, turn)
+    assert second.calls[0] == second.calls[-1] == tuple(args[0])
+    assert first.calls[0] == tuple(args[1])
+    assert len(set(first.calls) | set(second.calls)) == measure.MAX_COPIES
+    assert len(measure._cold_arguments(function, {Var("M"): 64}, [], 100)) == 1

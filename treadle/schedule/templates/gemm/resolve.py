@@ -13,6 +13,7 @@ is how tuning finds duplicates without generating any.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
@@ -142,7 +143,7 @@ def _fitted(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget, env: Mappi
     if cached_left and window_taps(extents["k"]):
         cfg = _wide_window_tile(cfg, N, target)
     workers = threads if cfg.split_k == 1 else worker_groups(cfg, threads)
-    panels = panel_layout(pattern, extents, cfg.micro_n) if pattern.constant_right else None
+    panels = panel_layout(pattern, cfg.micro_n) if pattern.constant_right else None
 
     def fitted(config: GemmConfig) -> ResolvedGemm:
         return ResolvedGemm(pattern, config, threads, register_lanes(config, target),
@@ -158,6 +159,8 @@ def _fitted(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget, env: Mappi
     return _within_stack(fitted(_whole_rows(clamped, extents["k"])))
 
 
+# Memoised, as are the panels: a pattern is resolved against every point of a space.
+@functools.lru_cache(maxsize=256)
 def _left_bytes(pattern: GemmPattern) -> float:
     """The bytes of the buffers the left factor reads; infinite where one is symbolic."""
     total = 0.0
@@ -415,10 +418,12 @@ def panel_rows(cfg: GemmConfig) -> int:
     return cfg.block_k + ceil_div(CACHE_LINE, 4 * cfg.micro_n)
 
 
-def panel_layout(pattern: GemmPattern, extents: dict, nr: int) -> Compute:
+@functools.lru_cache(maxsize=256)
+def panel_layout(pattern: GemmPattern, nr: int) -> Compute:
     """The constant right factor as [ceil(N / nr), K, nr]: a register tile's micro-panel
     is one contiguous stretch, read in K order as packing would lay it out. Columns past
     N repeat the last one (their sums are never stored)."""
+    extents = role_extents(pattern)
     c, N, K = pattern.compute, product(extents["n"]), product(extents["k"])
 
     def element(q, k, r):

@@ -3,6 +3,8 @@ that crashes or hangs is marked failed while the others are still measured."""
 import logging
 import sys
 
+import numpy as np
+
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import reduce
 from treadle.ir.dtypes import float32
@@ -77,6 +79,8 @@ def test_calls_cycle_through_copies_spanning_the_cold_size():
     args = measure._cold_arguments(function, {Var("M"): 64}, copies, 1 << 20)
     assert len(copies) == len(args) == measure.MAX_COPIES
     assert len({tuple(a) for a in args}) == measure.MAX_COPIES
+    for key, array in copies[0].items():  # the same values at other addresses
+        assert all(np.array_equal(c[key], array) and c[key] is not array for c in copies[1:])
     first, second = Recorder(), Recorder()
     for turn in range(measure.MAX_COPIES + 1):
         measure._seconds(first if turn % 2 else second, args, turn)

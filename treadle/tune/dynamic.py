@@ -465,7 +465,9 @@ def _measure_rounds(template, name: str, points, origins: Mapping[int, int], wor
 def _time_runs(template, name, points, grid, runs, bar) -> list[float | None]:
     if not runs:
         return []
-    functions = [template.emit(points[c][1], name).function for c, _ in runs]
+    emitted = {c: template.emit(points[c][1], name).function  # once per candidate
+               for c in dict.fromkeys(c for c, _ in runs)}
+    functions = [emitted[c] for c, _ in runs]
     sizes = [{v.name: n for v, n in grid[g].items()} for _, g in runs]
     labels = [f"of {name} ({points[c][0]} at {sizes[k]})" for k, (c, _) in enumerate(runs)]
     return measure_functions(functions, sizes=sizes, labels=labels, progress=bar.update)

@@ -17,11 +17,13 @@ symbolic sizes at 128, arguments rotated to stay cold; medians); "exhaustive" is
 fastest point measured (the space's, or another method's where that was faster: what
 exhaustive tuning over their union would keep). The fastest of many noisy timings is
 biased low (a memory-bound GEMV's points all lie within the noise: one config measured
-183 us in one pass and 380 us in the next), so the methods' points and exhaustive's pick are then
-timed again together, CONFIRM_ROUNDS times, and the table reports the medians of those
-rounds. Construction times are wall time of ``construct`` alone. The table
-gives GFLOP/s and each method's ratio to exhaustive (above 1: faster than exhaustive);
-the geometric means close it. An operator without a construction (a template with no
+183 us in one pass and 380 us in the next), so the methods' points and exhaustive's pick
+are then timed again together, CONFIRM_ROUNDS times. The table's GFLOP/s are the medians
+of those rounds; its ratios (above 1: faster than exhaustive) are the medians of the
+ratios *within* each round, since the machine's state drifts between rounds (one 1x1
+convolution's points measured 100-311 us across five rounds, while their order within a
+round held). Construction times are wall time of ``construct`` alone. The geometric
+means close the table. An operator without a construction (a template with no
 space: pooling, depthwise) scores the level-0 point for every method.
 """
 from __future__ import annotations
@@ -53,7 +55,7 @@ from treadle.tune.measure import measure_functions
 
 OUT = Path(__file__).resolve().parent / "out"
 METHODS = ("default", "greedy", "space", "gensor", "exhaustive")
-CONFIRM_ROUNDS = 3
+CONFIRM_ROUNDS = 7
 
 
 @dataclass(frozen=True)
@@ -145,25 +147,36 @@ def bench_workload(workload: Workload, level: int) -> dict:
     best = min((r for r in in_space if time_of[r] is not None), key=time_of.get)
     points["exhaustive"] = (None, best)
     confirmed = _confirmed(template, [p[1] for p in points.values()])
-    result = {m: confirmed.get(points[m][1]) or time_of[points[m][1]] for m in points}
+    rounds = {m: confirmed.get(points[m][1]) for m in points}
+    result = {m: statistics.median(rounds[m]) if rounds[m] else time_of[points[m][1]]
+              for m in points}
     adapter = CONSTRUCTIONS.get(template.name)
     measured = [] if adapter is None else [
         {"config": str(r.config), "seconds": t, "terms": gemm_terms(r, memory_hierarchy())}
         for r, t in time_of.items() if t is not None]
     return {"label": workload.label, "template": template.name, "flops": workload.flops,
-            "seconds": result, "construct_s": seconds, "points": len(space),
+            "seconds": result, "rounds": rounds, "construct_s": seconds, "points": len(space),
             "configs": {m: str(points[m][1].config) for m in points}, "measured": measured}
 
 
 def _confirmed(template, resolved: list) -> dict:
-    """Median seconds over CONFIRM_ROUNDS timings of each distinct point of ``resolved``
+    """Seconds of each distinct point of ``resolved`` in each of CONFIRM_ROUNDS rounds
     (points that fail to run are left out)."""
     distinct = list(dict.fromkeys(resolved))
     functions = [template.emit(r, f"c{k}").function for k, r in enumerate(distinct)]
     labels = [str(getattr(r, "config", r)) for r in distinct]
     rounds = [measure_functions(functions, labels=labels) for _ in range(CONFIRM_ROUNDS)]
-    return {r: statistics.median(ts) for r, *ts in zip(distinct, *rounds)
-            if None not in ts}
+    return {r: ts for r, *ts in zip(distinct, *rounds) if None not in ts}
+
+
+def speedup(row: dict, a: str, b: str) -> float | None:
+    """How much faster method ``a`` ran than ``b`` (b's time over a's): the median of the
+    ratios within each confirmation round, or of the medians for rows without rounds."""
+    rounds = row.get("rounds", {})
+    if rounds.get(a) and rounds.get(b):
+        return statistics.median(tb / ta for ta, tb in zip(rounds[a], rounds[b]))
+    s = row["seconds"]
+    return s[b] / s[a] if s[a] and s[b] else None
 
 
 def fit(rows: list[dict]) -> dict[str, float]:
@@ -186,7 +199,7 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         s = r["seconds"]
         gflops = [f"{r['flops'] / s[m] / 1e9:.1f}" if s[m] else "n/a" for m in METHODS]
-        ratio = lambda a, b: f"{s[b] / s[a]:.2f}" if s[a] and s[b] else "n/a"  # noqa: E731
+        ratio = lambda a, b: f"{speedup(r, a, b):.2f}" if speedup(r, a, b) else "n/a"  # noqa: E731
         lines.append("| " + " | ".join([r["label"], r["template"], str(r["points"]), *gflops,
                      ratio("default", "exhaustive"), ratio("greedy", "exhaustive"),
                      ratio("space", "exhaustive"), ratio("gensor", "exhaustive"),
@@ -194,8 +207,7 @@ def table(rows: list[dict]) -> str:
                      f"{1e3 * r['construct_s']['gensor']:.0f}"]) + " |")
     for a, b in (("default", "exhaustive"), ("greedy", "exhaustive"), ("space", "exhaustive"),
                  ("gensor", "exhaustive"), ("gensor", "greedy"), ("gensor", "default")):
-        values = [r["seconds"][b] / r["seconds"][a] for r in rows
-                  if r["seconds"][a] and r["seconds"][b]]
+        values = [v for v in (speedup(r, a, b) for r in rows) if v]
         geo = math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
         lines.append(f"\ngeometric mean {a} vs {b}: {geo:.3f} (min {min(values):.2f})")
     return "\n".join(lines)
@@ -207,9 +219,9 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
     for method in ("default", "greedy", "space", "gensor"):
-        quality = [r["seconds"]["exhaustive"] / r["seconds"][method] for r in rows
-                   if r["seconds"][method]]
-        spent = [r["construct_s"][method] for r in rows if r["seconds"][method]]
+        measured = [r for r in rows if speedup(r, method, "exhaustive")]
+        quality = [speedup(r, method, "exhaustive") for r in measured]
+        spent = [r["construct_s"][method] for r in measured]
         ax.scatter(spent, quality, label=method, s=14)
     ax.set_xscale("log")
     ax.set_xlabel("construction time per operator (s)")

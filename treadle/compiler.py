@@ -200,15 +200,17 @@ def _tree_lines(tree: Tree, k: int, indent: str) -> list[str]:
 
 def build_functions(functions: Sequence[Function], name: str, target: CpuTarget | None = None
                     ) -> dict[str, CompiledFunction]:
-    """Lowers and builds functions in several shared objects at once."""
-    lowered = [lower(f, target) for f in functions]
-    groups = [lowered[k:k + FUNCTIONS_PER_OBJECT]
-              for k in range(0, len(lowered), FUNCTIONS_PER_OBJECT)]
-    sources = [generate(group) for group in groups]
-    for k, source in enumerate(sources):
-        dump_text((f"kernels_{k}.c",), source)
-    paths = build_many([(source, f"{name}_{k}", exported_symbols(group))
-                        for k, (source, group) in enumerate(zip(sources, groups))])
+    """Lowers and builds functions in several shared objects at once, each group lowered
+    while the groups before it compile."""
+    groups: list[list[Function]] = []
+
+    def items():
+        for k in range(0, len(functions), FUNCTIONS_PER_OBJECT):
+            groups.append([lower(f, target) for f in functions[k:k + FUNCTIONS_PER_OBJECT]])
+            source = generate(groups[-1])
+            dump_text((f"kernels_{len(groups) - 1}.c",), source)
+            yield source, f"{name}_{len(groups) - 1}", exported_symbols(groups[-1])
+    paths = build_many(items())
     compiled: dict[str, CompiledFunction] = {}
     for path, group in zip(paths, groups):
         compiled.update(load(path, group).functions)

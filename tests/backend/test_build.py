@@ -153,3 +153,23 @@ def test_build_many_compiles_in_parallel(cache, monkeypatch):
     assert [_answer(p) for p in paths] == [10, 11, 12, 13]
     assert len(set(paths)) == 4 and len(cache) == 4
     assert build_many([]) == []
+
+
+def test_build_many_compiles_each_item_as_it_is_produced(cache, monkeypatch):
+    # The generator produces its second item only once the first one's compiler has
+    # started: collecting every item before compiling would wait forever (here 30 s).
+    started = threading.Event()
+    real_run = subprocess.run
+
+    def run(command, **kwargs):
+        if "-o" in command:
+            started.set()
+        return real_run(command, **kwargs)
+
+    def items():
+        yield _source(20), "first"
+        assert started.wait(timeout=30), "the first item was not compiled before the next"
+        yield _source(21), "second"
+
+    monkeypatch.setattr(build_module.subprocess, "run", run)
+    assert [_answer(p) for p in build_many(items())] == [20, 21]

@@ -20,7 +20,7 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable
 
 from treadle.backend.elf import check_shared_object
 from treadle.config import config
@@ -69,13 +69,14 @@ def build(source: str, name: str, symbols: Iterable[str] = ()) -> Path:
         return _compile(entry, source, name)
 
 
-def build_many(items: Sequence[tuple]) -> list[Path]:
+def build_many(items: Iterable[tuple]) -> list[Path]:
     """``build(*item)`` for each ``(source, name)`` or ``(source, name, symbols)``, running
-    compilers in parallel."""
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=min(len(items), os.cpu_count() or 1)) as pool:
-        return list(pool.map(lambda item: build(*item), items))
+    compilers in parallel. Each item starts compiling as soon as ``items`` yields it, so a
+    generator that lowers and prints the next group overlaps with the compilers running
+    (Inception-V3 spends 9 s lowering and 11 s compiling)."""
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        futures = [pool.submit(build, *item) for item in items]
+        return [future.result() for future in futures]
 
 
 def lock_for(key: str) -> threading.Lock:

@@ -109,14 +109,17 @@ def _symbols(f: Function) -> set[Var]:
 
 
 def _build(functions: Sequence[Function]) -> list[Path | None]:
-    """The shared object holding each function, None where its group failed to build."""
-    lowered = [lower(f) for f in functions]
-    groups = [list(range(k, min(k + FUNCTIONS_PER_OBJECT, len(lowered))))
-              for k in range(0, len(lowered), FUNCTIONS_PER_OBJECT)]
-    items = [(generate([lowered[k] for k in g]), f"tune_{g[0]}",
-              exported_symbols([lowered[k] for k in g])) for g in groups]
+    """The shared object holding each function, None where its group failed to build
+    (each group lowered while the groups before it compile)."""
+    items: list[tuple] = []
+
+    def groups():
+        for k in range(0, len(functions), FUNCTIONS_PER_OBJECT):
+            group = [lower(f) for f in functions[k:k + FUNCTIONS_PER_OBJECT]]
+            items.append((generate(group), f"tune_{k}", exported_symbols(group)))
+            yield items[-1]
     try:
-        paths: list[Path | None] = list(build_many(items))
+        paths: list[Path | None] = list(build_many(groups()))
     except CompileError:
         paths = []
         for item in items:  # find the group at fault, keep the others

@@ -67,8 +67,8 @@ def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int | str = 0
     ``strategy``: how the kernels are chosen (``graph.kernel_plan.STRATEGIES``);
     ``dynamic``: ranges of symbols, over which the kernels that depend on them are tuned
     (``tune.dynamic``); ``target``: the host CPU by default, or a GPU (``target.cuda``:
-    the level-0 configs and greedy fusion, no tuning, dynamic ranges or orchestration yet). Under TREADLE_DUMP, everything
-    is dumped into a folder of this compile's own."""
+    the level-0 configs and greedy fusion, no tuning, dynamic ranges or orchestration
+    yet). Under TREADLE_DUMP, everything is dumped into a folder of this compile's own."""
     target = target or host()
     if target.kind == "cuda" and (tune != 0 or dynamic or strategy != "greedy"):
         raise ValueError(f"tune={tune!r}, dynamic={dynamic!r}, kernels by {strategy}: CUDA "
@@ -202,17 +202,19 @@ def build_functions(functions: Sequence[Function], name: str, target: CpuTarget 
                     ) -> dict[str, CompiledFunction]:
     """Lowers and builds functions in several shared objects at once, each group lowered
     while the groups before it compile."""
-    groups: list[list[Function]] = []
+    groups = [functions[k:k + FUNCTIONS_PER_OBJECT]
+              for k in range(0, len(functions), FUNCTIONS_PER_OBJECT)]
+    lowered: list[list[Function]] = []
 
     def items():
-        for k in range(0, len(functions), FUNCTIONS_PER_OBJECT):
-            groups.append([lower(f, target) for f in functions[k:k + FUNCTIONS_PER_OBJECT]])
-            source = generate(groups[-1])
-            dump_text((f"kernels_{len(groups) - 1}.c",), source)
-            yield source, f"{name}_{len(groups) - 1}", exported_symbols(groups[-1])
+        for k, group in enumerate(groups):
+            lowered.append([lower(f, target) for f in group])
+            source = generate(lowered[-1])
+            dump_text((f"kernels_{k}.c",), source)
+            yield source, f"{name}_{k}", exported_symbols(lowered[-1])
     paths = build_many(items())
     compiled: dict[str, CompiledFunction] = {}
-    for path, group in zip(paths, groups):
+    for path, group in zip(paths, lowered):
         compiled.update(load(path, group).functions)
     return compiled
 

@@ -10,8 +10,8 @@ import treadle
 from tests.harness import random_array
 from treadle import ops
 from treadle.errors import DeviceUnavailableError
-from treadle.runtime import cuda as cuda_runtime
 from treadle.ir.functor import evaluate
+from treadle.runtime import cuda as cuda_runtime
 from treadle.runtime.cuda_executor import CudaExecutable
 from treadle.runtime.simulate import simulate
 
@@ -129,12 +129,14 @@ class _SimulatedKernel:
         for buffer, address in zip(self.function.buffers, addresses):
             shape = tuple(int(evaluate(d, values)) for d in buffer.shape)
             count = int(np.prod(shape))
-            raw = (ctypes.c_char * max(count * buffer.dtype.numpy.itemsize, 1)).from_address(address)
+            nbytes = max(count * buffer.dtype.numpy.itemsize, 1)
+            raw = (ctypes.c_char * nbytes).from_address(address)
             arrays.append(np.frombuffer(raw, buffer.dtype.numpy, count).reshape(shape))
         simulate(self.function, *arrays, **{v.name: x for v, x in values.items()})
 
 
-@pytest.mark.parametrize("build, shape", [(small_cnn, (2, 3, 11, 9)), (attention_block, (2, 5, 16))],
+@pytest.mark.parametrize("build, shape",
+                         [(small_cnn, (2, 3, 11, 9)), (attention_block, (2, 5, 16))],
                          ids=["cnn", "attention"])
 def test_device_path_with_host_memory_and_the_simulator(build, shape, monkeypatch):
     """The GPU call path (arena offsets, constants uploaded once, views, outputs copied

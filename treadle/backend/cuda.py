@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
 import json
+import math
 import os
 import re
 import subprocess

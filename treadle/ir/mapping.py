@@ -43,13 +43,21 @@ def ravel(index: Sequence[Extent], shape: Sequence[Extent]) -> Extent:
 
 
 def unravel(index: Extent, shape: Sequence[Extent]) -> tuple:
-    """Row-major coordinates of a flat index inside ``shape``."""
-    coords = []
-    for d in reversed(shape[1:]):
-        coords.append(index % d)
-        index = index // d
-    coords.append(index)
-    return tuple(reversed(coords))
+    """Row-major coordinates of a flat index inside ``shape`` (never past its end: the
+    outermost axis longer than 1 takes what is left, unwrapped). Axes of extent 1 are 0
+    and cost no division: beside a symbolic size (``[1, seq]``) a modulo would stay in
+    the generated code, one per element, which the simplifier cannot prove away."""
+    zero = as_expr(0, index.dtype) if isinstance(index, Expr) else 0
+    coords: list[Extent] = [zero] * len(shape)
+    live = [k for k, d in enumerate(shape) if not (isinstance(d, int) and d == 1)]
+    for k in reversed(live[1:]):
+        coords[k] = index % shape[k]
+        index = index // shape[k]
+    if live:
+        coords[live[0]] = index
+    elif shape:
+        coords[0] = index
+    return tuple(coords)
 
 
 class TaskMapping:

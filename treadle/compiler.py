@@ -12,9 +12,10 @@ of times and one file for all would use a single core.
 """
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from treadle.backend.build import build_many
@@ -22,7 +23,7 @@ from treadle.backend.cpu import generate
 from treadle.backend.cuda import build_cuda
 from treadle.dump import dump_folder, dump_text
 from treadle.graph.graph import Graph
-from treadle.graph.kernel_plan import plan_kernels
+from treadle.graph.kernel_plan import KernelPlan, plan_kernels
 from treadle.graph.operator import Operator
 from treadle.graph.optimize import optimize
 from treadle.graph.partition import format_partition
@@ -38,11 +39,12 @@ from treadle.schedule.fusion import FusedKernel, schedule_plan
 from treadle.schedule.launches import launches
 from treadle.schedule.operator import select_template
 from treadle.schedule.rules import Kernel
+from treadle.schedule.template import Template
 from treadle.target.cpu import CpuTarget, host
 from treadle.target.cuda import CudaTarget
 from treadle.tune import Choice, choose
 from treadle.tune.dynamic import (DynamicChoice, SizeRange, Tree, choose_dynamic,
-                                  dynamic_symbols)
+                                  choose_dynamic_many, dynamic_symbols)
 
 FUNCTIONS_PER_OBJECT = 24
 
@@ -86,6 +88,8 @@ def _compile_graph(graph: Graph, optimize_graph: bool, tune: int | str, strategy
     graph, plans = plan_kernels(graph, strategy, tune)
     slots = _Slots(graph)
     dump_text(("graph", "partition.txt"), format_partition(plans))
+    if dynamic:
+        _tune_dynamic(plans, tune, dynamic, target)
     unique: dict[Function, Function] = {}
     steps: list[PlannedStep] = []
     for index, plan in enumerate(plans):
@@ -113,6 +117,26 @@ def _compile_graph(graph: Graph, optimize_graph: bool, tune: int | str, strategy
     if unordered:  # a fault of the kernel plan; running would read stale memory
         raise AssertionError(f"steps read tensors before they are written: {unordered}")
     return executable
+
+
+def _tune_dynamic(plans: Sequence[KernelPlan], tune: int | str,
+                  dynamic: Mapping[str, SizeRange], target: CpuTarget) -> None:
+    """Tunes the anchors whose sizes hold a declared symbol all at once (two rounds of
+    measuring for the model, not two per kernel); ``tuned_kernel`` then finds their
+    records."""
+    anchors = []
+    for index, plan in enumerate(plans):
+        if not plan.is_view:
+            template, pattern = select_template(plan.anchor, target)
+            if dynamic_symbols(template, pattern, dynamic):
+                anchors.append((template, pattern, f"k{index}_{plan.anchor.op_type}"))
+    if anchors:
+        choose_dynamic_many(anchors, dynamic, _dynamic_level(tune), target)
+
+
+def _dynamic_level(tune: int | str) -> int:
+    """Dynamic tuning measures: it runs at level 1 at least."""
+    return tune if isinstance(tune, int) and tune > 1 else 1
 
 
 class _Slots:
@@ -159,16 +183,41 @@ def tuned_kernel(op: Operator, name: str, tune: int | str = 0,
     target = target or host()
     template, pattern = select_template(op, target)
     if dynamic and dynamic_symbols(template, pattern, dynamic):
-        level = tune if isinstance(tune, int) and tune > 1 else 1
-        variants = choose_dynamic(template, pattern, name, dynamic, level, target)
+        variants = choose_dynamic(template, pattern, name, dynamic, _dynamic_level(tune),
+                                  target)
         dump_text((name, "schedule.txt"), format_variants(op, variants))
-        kernels = [template.emit(r, name) for r in variants.resolved]
-        if len(kernels) == 1:
-            return kernels[0]
-        return dispatching_kernel(kernels, variants.tree.nodes, variants.tree.symbols, name)
+        key = (template.workload(pattern), str(target), getattr(pattern, "checks", ()),
+               variants.configs, tuple(r.config for r in variants.resolved), variants.tree)
+        return _named(_dispatched(_Variants(key, template, variants)), name)
     choice = choose(template, pattern, name, tune, target)
     dump_text((name, "schedule.txt"), format_choice(op, choice))
     return template.emit(choice.resolved, name)
+
+
+@dataclass(frozen=True)
+class _Variants:
+    """A dynamic choice, equal to another where they emit the same program: repeated
+    layers tune to the same variants of equal workloads, whose patterns differ only in
+    the names of their axes (and a failing check names its own node)."""
+    key: tuple
+    template: Template = field(compare=False)
+    choice: DynamicChoice = field(compare=False)
+
+
+@functools.lru_cache(maxsize=256)
+def _dispatched(variants: _Variants) -> Kernel:
+    """The variants' kernel with the tree in front, emitted once for every layer that
+    tunes to them (a dispatching kernel holds several programs)."""
+    choice = variants.choice
+    kernels = [variants.template.emit(r, "dispatched") for r in choice.resolved]
+    if len(kernels) == 1:
+        return kernels[0]
+    return dispatching_kernel(kernels, choice.tree.nodes, choice.tree.symbols, "dispatched")
+
+
+def _named(kernel: Kernel, name: str) -> Kernel:
+    apart = None if kernel.apart is None else _named(kernel.apart, name)
+    return replace(kernel, function=replace(kernel.function, name=name), apart=apart)
 
 
 def format_choice(op: Operator, choice: Choice) -> str:

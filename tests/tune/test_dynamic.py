@@ -103,6 +103,25 @@ def test_the_model_carries_a_measurement_to_other_sizes():
     assert half.occupancy == 0.5 and Work(0, 0, 0, 0, 0, 2).occupancy == 1.0
 
 
+def test_predictions_pass_through_a_candidates_own_measurements():
+    """The model's curve is bent through each timed size and keeps its shape between
+    them: off by x1.2 at 8 and x0.9 at 64, it is corrected by those at those sizes and
+    by a ratio between them at 24."""
+    model = CostModel(occupancy=1.0, overhead=1e-6, cold=0.0, stream=0.0)
+    sizes = [1, 8, 24, 64, 128]
+    works = [[_work(n, max(1, n // 8)) for n in sizes]]
+    predicted = np.array([model.seconds(5e-12, w) for w in works[0]])
+    tuning = dynamic._Tuning(None, None, "k", ["seq"], [], np.ones(5) / 5, [], works, 1,
+                             None, [1, 3], [], seconds={(0, 1): predicted[1] * 1.2,
+                                                        (0, 3): predicted[3] * 0.9,
+                                                        (1, 2): 1.0},
+                             model=model, measured={0: dynamic.Measured(5e-12)})
+    bent = tuning.anchored(0, np.array(sizes)[:, None]) / predicted
+    assert bent[1] == pytest.approx(1.2) and bent[3] == pytest.approx(0.9)
+    assert 0.9 < bent[2] < 1.2 and bent[0] == pytest.approx(1.2, rel=0.05)
+    assert bent[4] == pytest.approx(0.9, rel=0.05)
+
+
 def test_variants_are_chosen_for_the_sizes_they_serve():
     # Candidate 0 is best on average, 1 only on the first sizes, 2 is never much better.
     times = np.array([[2.0, 2.0, 1.0, 1.0, 1.0, 1.0],
@@ -176,9 +195,27 @@ def cache(tmp_path_factory):
         yield
 
 
+MEASURING_CALLS: list[list[str]] = []  # the labels of each call measuring the fixture's model
+
+
 @pytest.fixture(scope="module")
 def dynamic_model(cache):
-    return treadle.compile(_dense_and_attention(), dynamic={"seq": (1, 127)})
+    real = dynamic.measure_functions
+
+    def counted(functions, **kwargs):
+        MEASURING_CALLS.append(list(kwargs["labels"]))
+        return real(functions, **kwargs)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dynamic, "measure_functions", counted)
+        return treadle.compile(_dense_and_attention(), dynamic={"seq": (1, 127)})
+
+
+def test_a_model_measures_its_dynamic_kernels_together(dynamic_model):
+    """Each round of measuring takes the candidates of both kernels at once, so a model
+    starts the compiler and the measuring child twice, not twice per kernel."""
+    assert 1 <= len(MEASURING_CALLS) <= 2
+    kernels = {label.removeprefix("of ").split(" (")[0] for label in MEASURING_CALLS[0]}
+    assert len(kernels) == 2, kernels
 
 
 @pytest.mark.parametrize("seq", [0, *SIZES, 128, 300])

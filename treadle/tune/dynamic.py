@@ -12,10 +12,12 @@ A kernel whose sizes hold a symbol with a declared range (``compile(..., dynamic
    range (``Template.sized_config``: small sizes want short register tiles and a split
    over the columns).
 2. **Measurements, a fixed number.** Every stand-in config and the first MEASURED points
-   of the space run once at a size of the range where their tiles fit exactly and keep
-   every thread busy, a stand-in also at its own size; a few candidates also run at the
-   range's smallest size and at its least occupied one. How many does not depend on how
-   many sizes the range holds.
+   of the space run at a size of the range where their tiles fit exactly and keep every
+   thread busy, and at every stand-in size; a few candidates also run at the range's
+   smallest size and at its least occupied one. How many does not depend on how
+   many sizes the range holds. A model's workloads are measured together
+   (``choose_dynamic_many``): each round builds all their candidates at once and times
+   them in one child process.
 3. **The cost model** predicts any candidate at any size (``CostModel``)::
 
        seconds = overhead + cold * right_once + per_mac * macs / (threads * f_occ)
@@ -29,6 +31,8 @@ A kernel whose sizes hold a symbol with a declared range (``compile(..., dynamic
    micro-kernel's features; ``k``, ``overhead``, ``cold`` and ``stream`` are fitted to the
    extra measurements, and a candidate timed at two sizes gets f_MK and a stream of its
    own from both. The model's guesses pick a second round of candidates to measure.
+   Each measured candidate's predictions are bent through its own measurements
+   (``_Tuning.anchored``), so the model only carries them between the timed sizes.
 4. **Variants.** Among measured candidates, the one with the least weighted total time
    over the range (each size's time relative to the fastest candidate's there), then
    greedily the one that lowers the total most, among those at least MIN_GAIN faster
@@ -47,7 +51,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -72,10 +76,13 @@ MAX_VARIANTS = 6
 MAX_LEAVES = 64
 MIN_GAIN = 0.05        # a variant joins where it is 5% faster than the others at some size
 MAX_GRID = 4096        # sizes the model scores, per kernel (a finer range is sampled)
-QUANTILES = 6          # stand-in sizes at quantiles of the weight (see _stand_ins)
-GROWTH = 1.5           # and sizes growing by half from the smallest
+QUANTILES = 3          # stand-in sizes at quantiles of the weight (see _stand_ins)
+GROWTH = 2.0           # and sizes doubling from the smallest
 MEASURED = {1: 2, 2: 8}     # space points measured in the first round, beside the stand-ins
 EXPLORED = {1: 3, 2: 8}     # candidates the model picks for a second round
+# Timings per run: each candidate runs at several sizes and the model is fitted to all of
+# them, so each needs fewer than a static tuner's.
+REPEATS = 6
 PROBED = 3             # candidates also timed at the smallest and least occupied sizes
 # Before fitting: occupancy k, overhead s, cold and stream s/byte (memory at 20 GB/s, cache
 # at 40 GB/s).
@@ -321,38 +328,45 @@ def choose_dynamic(template: Template, pattern: Any, name: str,
                    ) -> DynamicChoice:
     """The variants and dispatch tree of ``pattern`` over ``ranges`` (see the module's
     docstring), from a record when one is stored."""
-    symbols = dynamic_symbols(template, pattern, ranges)
-    workload = "\n".join([workload_text(template, pattern, f"dynamic {level}", target)]
-                         + [f"range {s}: {ranges[s]}" for s in symbols])
-    stored = _load(workload, template, pattern, target)
-    if stored is not None:
-        return stored
-    grid, weights = _grid(template, pattern, symbols, ranges)
-    points, origins = _candidates(template, pattern, level, target, grid, weights)
-    resolved = [r for _, r in points]
-    works = [[template.work(r, env) for env in grid] for r in resolved]
-    measured, model = _measure_rounds(template, name, points, origins, works, grid, weights,
-                                      level, target)
-    if not measured:
-        log.warning("tuning %s: every candidate failed; using the level-0 point", name)
-        default = default_point(template, pattern, target)
-        return DynamicChoice(template, (default[0],), (default[1],),
-                             Tree(tuple(symbols), ((-1, 0, -1, -1),)), "default")
-    rows = sorted(measured)
-    times = np.array([[model.seconds(measured[c].per_mac, w, measured[c].stream)
-                       for w in works[c]] for c in rows])
-    chosen = select_variants(times, weights)
-    labels = np.argmin(times[chosen], axis=0)
-    values = np.array([[env[Var(s, index_type)] for s in symbols] for env in grid])
-    tree = fit_tree(symbols, values, labels, weights)
-    used = tree.variants  # a variant the tree never picks is dropped
-    tree = _renumbered(tree, {old: new for new, old in enumerate(used)})
-    variants = [rows[chosen[k]] for k in used]
-    dump_text((name, "dynamic.txt"), _report(points, measured, model, grid, works, variants))
-    choice = DynamicChoice(template, tuple(points[c][0] for c in variants),
-                           tuple(resolved[c] for c in variants), tree, "measured")
-    _store(workload, choice, model)
-    return choice
+    return choose_dynamic_many([(template, pattern, name)], ranges, level, target)[0]
+
+
+def choose_dynamic_many(kernels: Sequence[tuple[Template, Any, str]],
+                        ranges: Mapping[str, SizeRange], level: int, target: CpuTarget
+                        ) -> list[DynamicChoice]:
+    """The choice of each ``(template, pattern, name)``, the workloads without a record
+    tuned together: each round of measuring builds every workload's candidates at once
+    and times them in one child, so a model pays the compiler's and the child's start-up
+    twice, not twice per workload. Equal workloads (repeated layers) are tuned once."""
+    choices: dict[str, DynamicChoice] = {}
+    tunings: dict[str, _Tuning] = {}
+    workloads = []
+    for template, pattern, name in kernels:
+        symbols = dynamic_symbols(template, pattern, ranges)
+        workload = "\n".join([workload_text(template, pattern, f"dynamic {level}", target)]
+                             + [f"range {s}: {ranges[s]}" for s in symbols])
+        workloads.append(workload)
+        if workload not in choices and workload not in tunings:
+            stored = _load(workload, template, pattern, target)
+            if stored is not None:
+                choices[workload] = stored
+            else:
+                tunings[workload] = _Tuning.start(template, pattern, name, symbols, ranges,
+                                                  level, target)
+    if tunings:
+        from treadle.tune.exhaustive import measurement_progress
+        started = list(tunings.values())
+        total = sum(len(t.first) + EXPLORED[level] * (1 + len(t.stand_ins)) for t in started)
+        names = started[0].name + (f" and {len(started) - 1} more" if len(started) > 1 else "")
+        with measurement_progress(total, f"{names} (dynamic)") as bar:
+            _time_runs(started, [t.first for t in started], bar)
+            extra = [t.explore() for t in started]
+            bar.update(sum(EXPLORED[level] * (1 + len(t.stand_ins)) - len(e)
+                           for t, e in zip(started, extra)))
+            _time_runs(started, extra, bar)
+        for workload, tuning in tunings.items():
+            choices[workload] = tuning.finish(workload)
+    return [choices[w] for w in workloads]
 
 
 def select_variants(times: np.ndarray, weights: np.ndarray) -> list[int]:
@@ -421,7 +435,7 @@ def _candidates(template, pattern, level: int, target: CpuTarget, grid: list[dic
 
 def _stand_ins(grid: list[dict], weights: np.ndarray) -> list[int]:
     """Grid indices of the stand-in sizes: evenly spaced quantiles of the weight, and
-    sizes growing by half from the smallest (where a few rows more or less change which
+    sizes doubling from the smallest (where a few rows more or less change which
     register tile pads least)."""
     cumulative = np.cumsum(weights)
     found = {int(min(np.searchsorted(cumulative, q), len(weights) - 1))
@@ -436,41 +450,133 @@ def _stand_ins(grid: list[dict], weights: np.ndarray) -> list[int]:
     return sorted(found)
 
 
-def _measure_rounds(template, name: str, points, origins: Mapping[int, int], works, grid,
-                    weights, level: int, target) -> tuple[dict[int, float], CostModel]:
-    """Measures candidates in two rounds (see the docstring); returns f_MK of each
-    measured one and the fitted model. A stand-in's config is also timed at its own
-    size, where it was made to run best."""
-    from treadle.tune.exhaustive import measurement_progress
-    stand_ins = sorted(origins)
-    space = [c for c in range(len(points)) if c not in origins][:MEASURED[level]]
-    first = stand_ins + space
-    runs = [(c, _full_size(works[c])) for c in first]
-    runs += [(c, origins[c]) for c in first if c in origins]
-    runs += [(c, g) for c in first[:PROBED] for g in _probe_sizes(works[c])]
-    runs = list(dict.fromkeys(runs))
-    with measurement_progress(len(runs) + EXPLORED[level], f"{name} (dynamic)") as bar:
-        seconds = _time_runs(template, name, points, grid, runs, bar)
-        model = fit_cost_model(_samples(runs, seconds, works))
-        measured = _per_macs(runs, seconds, works, model)
-        per_mac = PerMac([template.features(r, target) for _, r in points], measured)
-        explore = _promising(per_mac, model, works, weights, measured, EXPLORED[level])
-        extra = [(c, _full_size(works[c])) for c in explore]
-        bar.update(EXPLORED[level] - len(extra))
-        more = _time_runs(template, name, points, grid, extra, bar)
-        measured.update(_per_macs(extra, more, works, model))
-    return measured, model
+@dataclass
+class _Tuning:
+    """One workload's tuning, between its rounds of measuring: the candidates, their
+    works over the grid, the runs of the first round (see the docstring; a stand-in's
+    config is also timed at its own size, where it was made to run best), and each
+    run's seconds as they come."""
+    template: Template
+    pattern: Any
+    name: str
+    symbols: list[str]
+    grid: list[dict]
+    weights: np.ndarray
+    points: list[tuple[Any, Any]]
+    works: list[list]
+    level: int
+    target: CpuTarget
+    stand_ins: list[int]  # grid indices of the stand-in sizes
+    first: list[tuple[int, int]]
+    seconds: dict[tuple[int, int], float | None] = field(default_factory=dict)
+    model: CostModel = CostModel(*PRIOR)
+    measured: dict[int, "Measured"] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, template, pattern, name: str, symbols: list[str], ranges, level: int,
+              target: CpuTarget) -> "_Tuning":
+        grid, weights = _grid(template, pattern, symbols, ranges)
+        points, origins = _candidates(template, pattern, level, target, grid, weights)
+        works = [[template.work(r, env) for env in grid] for _, r in points]
+        stand_ins = sorted(origins)
+        space = [c for c in range(len(points)) if c not in origins][:MEASURED[level]]
+        tuning = cls(template, pattern, name, symbols, grid, weights, points, works, level,
+                     target, sorted(set(origins.values())), [])
+        first = stand_ins + space
+        runs = [run for c in first for run in tuning.runs_of(c)]
+        runs += [(c, g) for c in first[:PROBED] for g in _probe_sizes(works[c])]
+        tuning.first = list(dict.fromkeys(runs))
+        return tuning
+
+    def runs_of(self, c: int) -> list[tuple[int, int]]:
+        """Where candidate ``c`` is timed: where its tiles fit best, and at every
+        stand-in size (small sizes time in microseconds, so a row of sizes costs little
+        more than one run at the full size)."""
+        return list(dict.fromkeys([(c, _full_size(self.works[c]))]
+                                  + [(c, g) for g in self.stand_ins]))
+
+    def explore(self) -> list[tuple[int, int]]:
+        """After the first round: the model fitted, f_MK of the measured candidates, and
+        the runs of the second round, the candidates the model expects to gain most."""
+        runs = self.first
+        seconds = [self.seconds[r] for r in runs]
+        self.model = fit_cost_model(_samples(runs, seconds, self.works))
+        self.measured = _per_macs(runs, seconds, self.works, self.model)
+        per_mac = PerMac([self.template.features(r, self.target) for _, r in self.points],
+                         self.measured)
+        explore = _promising(per_mac, self.model, self.works, self.weights, self.measured,
+                             EXPLORED[self.level])
+        return [run for c in explore for run in self.runs_of(c)]
+
+    def finish(self, workload: str) -> DynamicChoice:
+        """The variants and their tree, stored under ``workload``."""
+        extra = [r for r in self.seconds if r not in self.first]
+        self.measured.update(_per_macs(extra, [self.seconds[r] for r in extra], self.works,
+                                       self.model))
+        template, measured, works = self.template, self.measured, self.works
+        if not measured:
+            log.warning("tuning %s: every candidate failed; using the level-0 point",
+                        self.name)
+            default = default_point(template, self.pattern, self.target)
+            return DynamicChoice(template, (default[0],), (default[1],),
+                                 Tree(tuple(self.symbols), ((-1, 0, -1, -1),)), "default")
+        rows = sorted(measured)
+        values = np.array([[env[Var(s, index_type)] for s in self.symbols]
+                           for env in self.grid])
+        times = np.array([self.anchored(c, values) for c in rows])
+        chosen = select_variants(times, self.weights)
+        labels = np.argmin(times[chosen], axis=0)
+        tree = fit_tree(self.symbols, values, labels, self.weights)
+        used = tree.variants  # a variant the tree never picks is dropped
+        tree = _renumbered(tree, {old: new for new, old in enumerate(used)})
+        variants = [rows[chosen[k]] for k in used]
+        dump_text((self.name, "dynamic.txt"),
+                  _report(self.points, measured, self.model, self.grid, works, variants))
+        choice = DynamicChoice(template, tuple(self.points[c][0] for c in variants),
+                               tuple(self.points[c][1] for c in variants), tree, "measured")
+        _store(workload, choice, self.model)
+        return choice
 
 
-def _time_runs(template, name, points, grid, runs, bar) -> list[float | None]:
-    if not runs:
-        return []
-    emitted = {c: template.emit(points[c][1], name).function  # once per candidate
-               for c in dict.fromkeys(c for c, _ in runs)}
-    functions = [emitted[c] for c, _ in runs]
-    sizes = [{v.name: n for v, n in grid[g].items()} for _, g in runs]
-    labels = [f"of {name} ({points[c][0]} at {sizes[k]})" for k, (c, _) in enumerate(runs)]
-    return measure_functions(functions, sizes=sizes, labels=labels, progress=bar.update)
+    def anchored(self, c: int, values: np.ndarray) -> np.ndarray:
+        """Candidate ``c``'s predicted seconds over the grid (``values``: its symbol
+        values), bent to pass through its measurements: each size takes the measured
+        over predicted ratios of the timed sizes, weighted by inverse squared distance
+        in log size. The model carries the measurements between sizes and no further:
+        a fit over all of them misses each one by 10-20%, enough to pick the wrong
+        variant where two are close."""
+        m = self.measured[c]
+        predicted = np.array([self.model.seconds(m.per_mac, w, m.stream) for w in self.works[c]])
+        timed = [(g, t) for (k, g), t in self.seconds.items() if k == c and t is not None]
+        if not timed:
+            return predicted
+        at = np.array([g for g, _ in timed])
+        ratios = np.log([t for _, t in timed]) - np.log(predicted[at])
+        coords = np.log1p(values.astype(float))
+        distance = ((coords[:, None, :] - coords[None, at, :]) ** 2).sum(axis=2)
+        weights = 1.0 / (distance + 1e-12)
+        return predicted * np.exp(weights @ ratios / weights.sum(axis=1))
+
+
+def _time_runs(tunings: Sequence[_Tuning], runs: Sequence[list[tuple[int, int]]], bar) -> None:
+    """Times the runs of every tuning in one measuring call (each candidate emitted
+    once however many sizes it runs at), into each tuning's ``seconds``."""
+    functions, sizes, labels, owners = [], [], [], []
+    for tuning, own in zip(tunings, runs):
+        emitted = {c: tuning.template.emit(tuning.points[c][1], tuning.name).function
+                   for c in dict.fromkeys(c for c, _ in own)}
+        for c, g in own:
+            size = {v.name: n for v, n in tuning.grid[g].items()}
+            functions.append(emitted[c])
+            sizes.append(size)
+            labels.append(f"of {tuning.name} ({tuning.points[c][0]} at {size})")
+            owners.append((tuning, (c, g)))
+    if not functions:
+        return
+    seconds = measure_functions(functions, sizes=sizes, labels=labels, progress=bar.update,
+                                repeats=REPEATS)
+    for (tuning, run), t in zip(owners, seconds):
+        tuning.seconds[run] = t
 
 
 def _full_size(works: list) -> int:

@@ -6,7 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treadle.ir.mapping import column_spatial, custom, repeat, spatial
+from treadle.ir.dtypes import index_type
+from treadle.ir.expr import Binary, Const, Var
+from treadle.ir.functor import walk
+from treadle.ir.mapping import column_spatial, custom, ravel, repeat, spatial, unravel
 
 
 def ref_spatial(*shape):
@@ -167,3 +170,24 @@ def test_tasks_of_each_worker_follow_composition_order(chain):
         outer_ids = [tuple(x // d for x, d in zip(block[0], inner.task_shape)) for block in blocks]
         assert all(tuple(x // d for x, d in zip(t, inner.task_shape)) == oid
                    for block, oid in zip(blocks, outer_ids) for t in block)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=4), st.data())
+def test_unravel_inverts_ravel_with_unit_axes_free(shape, data):
+    flat = data.draw(st.integers(0, math.prod(shape) - 1))
+    coords = unravel(flat, shape)
+    assert coords == tuple(int(x) for x in _unravel(flat, shape))
+    assert ravel(coords, shape) == flat
+
+
+def test_unravel_divides_by_no_unit_axis():
+    """Beside an axis of extent 1, a symbolic extent takes the index as it is: a modulo by
+    a run-time size would stay in every generated loop (attention's [1, seq] columns)."""
+    index, seq = Var("i", index_type), Var("seq", index_type)
+    coords = unravel(index, [1, seq, 1])
+    assert coords[1] is index and all(isinstance(c, Const) and c.value == 0
+                                      for c in (coords[0], coords[2]))
+    _, rows, cols = unravel(index, [1, seq, 4])
+    assert not any(isinstance(n, Binary) and n.op == "%" for n in walk(rows))
+    assert cols == index % 4

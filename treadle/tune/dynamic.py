@@ -453,8 +453,7 @@ def _stand_ins(grid: list[dict], weights: np.ndarray) -> list[int]:
 @dataclass
 class _Tuning:
     """One workload's tuning, between its rounds of measuring: the candidates, their
-    works over the grid, the runs of the first round (see the docstring; a stand-in's
-    config is also timed at its own size, where it was made to run best), and each
+    works over the grid, the runs (candidate, grid index) of the first round, and each
     run's seconds as they come."""
     template: Template
     pattern: Any
@@ -470,7 +469,7 @@ class _Tuning:
     first: list[tuple[int, int]]
     seconds: dict[tuple[int, int], float | None] = field(default_factory=dict)
     model: CostModel = CostModel(*PRIOR)
-    measured: dict[int, "Measured"] = field(default_factory=dict)
+    measured: dict[int, Measured] = field(default_factory=dict)
 
     @classmethod
     def start(cls, template, pattern, name: str, symbols: list[str], ranges, level: int,
@@ -478,11 +477,10 @@ class _Tuning:
         grid, weights = _grid(template, pattern, symbols, ranges)
         points, origins = _candidates(template, pattern, level, target, grid, weights)
         works = [[template.work(r, env) for env in grid] for _, r in points]
-        stand_ins = sorted(origins)
         space = [c for c in range(len(points)) if c not in origins][:MEASURED[level]]
         tuning = cls(template, pattern, name, symbols, grid, weights, points, works, level,
                      target, sorted(set(origins.values())), [])
-        first = stand_ins + space
+        first = sorted(origins) + space
         runs = [run for c in first for run in tuning.runs_of(c)]
         runs += [(c, g) for c in first[:PROBED] for g in _probe_sizes(works[c])]
         tuning.first = list(dict.fromkeys(runs))

@@ -21,6 +21,7 @@ from typing import Mapping, Sequence
 from treadle.backend.build import build_many
 from treadle.backend.cpu import generate
 from treadle.backend.cuda import build_cuda
+from treadle.config import config
 from treadle.dump import dump_folder, dump_text
 from treadle.graph.graph import Graph
 from treadle.graph.kernel_plan import KernelPlan, plan_kernels
@@ -186,8 +187,9 @@ def tuned_kernel(op: Operator, name: str, tune: int | str = 0,
         variants = choose_dynamic(template, pattern, name, dynamic, _dynamic_level(tune),
                                   target)
         dump_text((name, "schedule.txt"), format_variants(op, variants))
-        key = (template.workload(pattern), str(target), getattr(pattern, "checks", ()),
-               variants.configs, tuple(r.config for r in variants.resolved), variants.tree)
+        key = (template.workload(pattern), str(target), config.num_threads,
+               getattr(pattern, "checks", ()), variants.configs,
+               tuple(r.config for r in variants.resolved), variants.tree)
         return _named(_dispatched(_Variants(key, template, variants)), name)
     choice = choose(template, pattern, name, tune, target)
     dump_text((name, "schedule.txt"), format_choice(op, choice))

@@ -98,7 +98,7 @@ def _compile_graph(graph: Graph, optimize_graph: bool, tune: int | str, strategy
             steps.append(PlannedStep(plan.name, None, (slots[plan.anchor.inputs[0]],),
                                      (slots[plan.anchor.outputs[0]],)))
             continue
-        kernels = schedule_plan(plan, f"k{index}_{plan.anchor.op_type}",
+        kernels = schedule_plan(plan, _kernel_name(index, plan),
                                 lambda op, name: tuned_kernel(op, name, tune, target, dynamic))
         steps += [_kernel_step(plan.name, kernel, slots, unique) for kernel in kernels]
 
@@ -130,9 +130,13 @@ def _tune_dynamic(plans: Sequence[KernelPlan], tune: int | str,
         if not plan.is_view:
             template, pattern = select_template(plan.anchor, target)
             if dynamic_symbols(template, pattern, dynamic):
-                anchors.append((template, pattern, f"k{index}_{plan.anchor.op_type}"))
+                anchors.append((template, pattern, _kernel_name(index, plan)))
     if anchors:
         choose_dynamic_many(anchors, dynamic, _dynamic_level(tune), target)
+
+
+def _kernel_name(index: int, plan: KernelPlan) -> str:
+    return f"k{index}_{plan.anchor.op_type}"
 
 
 def _dynamic_level(tune: int | str) -> int:

@@ -55,8 +55,6 @@ def unravel(index: Extent, shape: Sequence[Extent]) -> tuple:
         index = index // shape[k]
     if live:
         coords[live[0]] = index
-    elif shape:
-        coords[0] = index
     return tuple(coords)
 
 

@@ -356,13 +356,14 @@ def choose_dynamic_many(kernels: Sequence[tuple[Template, Any, str]],
     if tunings:
         from treadle.tune.exhaustive import measurement_progress
         started = list(tunings.values())
-        total = sum(len(t.first) + EXPLORED[level] * (1 + len(t.stand_ins)) for t in started)
+        # at most: each explored candidate where it fits best and at every stand-in size
+        explored = sum(EXPLORED[level] * (1 + len(t.stand_ins)) for t in started)
+        total = sum(len(t.first) for t in started) + explored
         names = started[0].name + (f" and {len(started) - 1} more" if len(started) > 1 else "")
         with measurement_progress(total, f"{names} (dynamic)") as bar:
             _time_runs(started, [t.first for t in started], bar)
             extra = [t.explore() for t in started]
-            bar.update(sum(EXPLORED[level] * (1 + len(t.stand_ins)) - len(e)
-                           for t, e in zip(started, extra)))
+            bar.update(explored - sum(map(len, extra)))
             _time_runs(started, extra, bar)
         for workload, tuning in tunings.items():
             choices[workload] = tuning.finish(workload)
@@ -535,7 +536,6 @@ class _Tuning:
         _store(workload, choice, self.model)
         return choice
 
-
     def anchored(self, c: int, values: np.ndarray) -> np.ndarray:
         """Candidate ``c``'s predicted seconds over the grid (``values``: its symbol
         values), bent to pass through its measurements: each size takes the measured
@@ -544,7 +544,8 @@ class _Tuning:
         a fit over all of them misses each one by 10-20%, enough to pick the wrong
         variant where two are close."""
         m = self.measured[c]
-        predicted = np.array([self.model.seconds(m.per_mac, w, m.stream) for w in self.works[c]])
+        predicted = np.array([self.model.seconds(m.per_mac, w, m.stream)
+                              for w in self.works[c]])
         timed = [(g, t) for (k, g), t in self.seconds.items() if k == c and t is not None]
         if not timed:
             return predicted

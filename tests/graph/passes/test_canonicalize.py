@@ -109,3 +109,21 @@ def test_softplus_tanh_of_another_tensor_stays():
     t = apply("Tanh", [apply("Softplus", [z])[0]])[0]
     graph = Graph.from_outputs([x, z], [apply("Mul", [x, t])[0]])
     assert "Mish" not in op_types(canonicalize(graph))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_a_resize_to_the_same_size_is_dropped_unless_its_scales_move_positions(mode):
+    """Sizes equal to the input's, or scales of 1, map each position to itself; scales of
+    1.2 on a side of 2 round back to 2 and blend its pixels (checked by numbers)."""
+    x = Tensor("x", "float32", [1, 3, 2, 5])
+    empty = constant(np.zeros(0, np.float32), "empty")
+    by_sizes = apply("Resize", [x, None, empty, constant(np.array([1, 3, 2, 5]))],
+                     {"mode": mode})[0]
+    by_ones = apply("Resize", [x, None, constant(np.ones(4, np.float32))], {"mode": mode})[0]
+    moving = apply("Resize", [x, None, constant(np.array([1, 1, 1.2, 1], np.float32))],
+                   {"mode": mode})[0]
+    assert moving.shape == x.shape
+    before = Graph.from_outputs([x], [apply("Add", [by_sizes, by_ones])[0], moving])
+    after = canonicalize(before)
+    assert op_types(after) == ["Add", "Resize"]
+    same_outputs(before, after, random_array((1, 3, 2, 5), seed=1))

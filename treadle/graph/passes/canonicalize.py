@@ -1,7 +1,7 @@
 """Canonical forms that later stages rely on, as a table of rules keyed by op type:
 
 * identities disappear: Identity, inference Dropout, reshapes to the same shape, casts to
-  the same dtype;
+  the same dtype, resizes to the same size (by sizes, or by scales of 1);
 * Gemm becomes Transpose / MatMul / Mul / Add, so the matmul template and fusion see a
   plain MatMul and an element-wise epilogue;
 * BatchNormalization after a convolution with constant weights is folded into them;
@@ -57,6 +57,14 @@ def _same_dtype(node: Operator, inputs: list, readers) -> Optional[Sequence[Tens
     if node.outputs[0].dtype == inputs[0].dtype:
         return [inputs[0]]
     return None
+
+
+def _same_size(node: Operator, inputs: list, readers) -> Optional[Sequence[Tensor]]:
+    """A resize to its input's size maps each position to itself, unless scales other than
+    1 round to the same length (which moves the positions within it)."""
+    scales = inputs[2] if len(inputs) > 2 else None
+    unscaled = scales is None or (scales.is_constant and bool(np.all(scales.data == 1)))
+    return _same_shape(node, inputs, readers) if unscaled else None
 
 
 def _gemm(node: Operator, inputs: list, readers) -> Optional[Sequence[Tensor]]:
@@ -199,6 +207,7 @@ RULES: dict[str, Rule] = {
     "Squeeze": _same_shape,
     "Unsqueeze": _same_shape,
     "Cast": _same_dtype,
+    "Resize": _same_size,
     "Gemm": _gemm,
     "BatchNormalization": _batch_norm,
     "Conv": _conv_padding,

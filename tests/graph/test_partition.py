@@ -85,3 +85,19 @@ def test_resizing_is_its_own_kernel_not_a_prologue():
     up = ops.op("Resize", x, None, scales, mode="linear")
     y = ops.matmul(up, ops.constant(random_array((16, 3), seed=1)))
     assert groups_of([y], [x]) == [("Resize", [], []), ("MatMul", [], [])]
+
+
+def test_a_transposed_graph_output_moving_the_innermost_axis_is_its_own_kernel():
+    """A channels-last convolution returned N x C x H x W with planes of 4 KiB or more
+    stores contiguous rows and a kernel of its own transposes them; with smaller planes,
+    or a transposition that keeps the innermost axis (attention's heads), the
+    transposition stays the product's epilogue."""
+    for side, apart in ((37, True), (31, False)):  # 37 x 29 floats: 4292 bytes a plane
+        x = ops.input("x", "float32", [1, 16, side, 29])
+        image = ops.conv2d(x, ops.constant(random_array([24, 16, 1, 1])))
+        expected = ([("ChannelsLastConv", ["Transpose"], []), ("Transpose", [], [])] if apart
+                    else [("ChannelsLastConv", ["Transpose"], ["Transpose"])])
+        assert groups_of([image], [x]) == expected, side
+    tokens = ops.input("t", "float32", [2, 5, 3, 8])
+    heads = ops.transpose(ops.matmul(tokens, ops.constant(random_array([8, 8]))), [0, 2, 1, 3])
+    assert groups_of([heads], [tokens]) == [("MatMul", [], ["Transpose"])]

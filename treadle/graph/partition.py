@@ -24,11 +24,12 @@ never fused; they cost nothing as they are.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from treadle.graph.graph import Graph
-from treadle.graph.ops.transform import PAD_MODES
+from treadle.graph.ops.transform import PAD_MODES, transpose_perm
 from treadle.graph.operator import Operator
 from treadle.graph.tensor import Tensor, normalize_dim
 from treadle.ir.compute import Compute, reachable
@@ -177,6 +178,9 @@ def element_map(load: Load, c: Compute) -> tuple[int | None, ...] | None:
     return tuple(position.get(a) for a in c.axes)
 
 
+PAGE_BYTES = 4096  # elements this far apart lie in different pages (and TLB entries)
+
+
 class _Partitioner:
     def __init__(self, graph: Graph):
         self.graph = graph
@@ -257,12 +261,28 @@ class _Partitioner:
         padding = padding_of(op)
         if padding is not None:
             return id(op.inputs[0]) in produced and self._padding_fits(op, padding)
-        if not is_injective(op):
+        if not is_injective(op) or self._scatters_output(op):
             return False
         if not reads_one_to_one(op, produced):
             return False
         outside = [t for t in op.inputs if t is not None and id(t) not in produced]
         return not any(self._depends_on(t, group) for t in outside)
+
+    def _scatters_output(self, op: Operator) -> bool:
+        """Whether ``op`` is a transposition of the graph's output that moves its innermost
+        axis to elements a page or more apart: as an epilogue it would store each element
+        in another page than the last (a channels-last classifier returned N x C x H x W,
+        Segformer's 128 x 128 x 150, ran at half ONNX Runtime's speed), where a kernel of
+        its own reads and writes whole lines."""
+        if op.op_type != "Transpose" or id(op.outputs[0]) not in self.graph_outputs:
+            return False
+        rank, out = op.inputs[0].rank, op.outputs[0]
+        perm = transpose_perm(op.attrs, rank)
+        if rank < 2 or perm[-1] == rank - 1:
+            return False
+        apart = out.shape[perm.index(rank - 1) + 1:]
+        return all(isinstance(d, int) for d in apart) and \
+            math.prod(apart) * out.dtype.nbytes >= PAGE_BYTES
 
     # ---- prologues -----------------------------------------------------------------------
     def _absorb_into_consumer(self, group: Group) -> None:

@@ -40,13 +40,13 @@ def resize_conv(graph: Graph) -> Graph:
         return len(readers.get(id(t), [])) == 1 and all(t is not o for o in graph.outputs)
 
     def rule(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
-        if node.op_type != "Conv" or not _pointwise(node, inputs):
+        if node.op_type != "Conv" or not pointwise(node, inputs):
             return None
         return _split(node, inputs, sole_reader)
     return rewrite_graph(graph, rule)
 
 
-def _pointwise(node: Operator, inputs: list) -> bool:
+def pointwise(node: Operator, inputs: list) -> bool:
     """A 1x1 convolution of one group, stride 1, unpadded, constant weights and bias."""
     x, weight = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None

@@ -200,3 +200,17 @@ def test_without_scipy_the_error_names_the_extra(monkeypatch):
     graph, _ = shared_exponential()
     with pytest.raises(ImportError, match=r"treadle\[orchestrate\]"):
         orchestrate(optimize(graph), measure=writes_cost)
+
+
+@pytest.mark.parametrize("cost, chosen", [(0.98, False), (0.9, True)])
+def test_the_whole_model_keeps_greedy_fusion_for_a_gain_within_noise(cost, chosen):
+    """The primitives of a softmax measured at ``cost`` a kernel, the model's own Softmax
+    at 1: a 2% gain keeps greedy fusion (measurements alone overstate it), 10% does not."""
+    x = ops.input("x", "float32", ["n", 24])
+    graph = optimize(ops.graph([x], [ops.softmax(x)], "softmax"))
+
+    def costs(plans):
+        return [1.0 if any(op.op_type == "Softmax" for op in p.ops) else cost for p in plans]
+    done = orchestrate(graph, measure=costs)
+    assert done.summary.orchestrated == chosen
+    assert (done.graph is graph) != chosen

@@ -19,7 +19,8 @@ graph.
    plan of the primitives, so the answer is never worse than either by measurement.
 6. Where greedy fusion of the model's own operators covers a part, it stays unless the
    chosen kernels beat it by ``MARGIN`` (repeated measurements differ by a few
-   percent); and the whole model keeps greedy fusion unless the parts together beat it.
+   percent); and the whole model keeps greedy fusion unless the parts together beat it
+   by as much.
 
 Under TREADLE_DUMP, ``orchestrate/`` holds the primitive graph, every candidate with its
 estimate and cost, and each part's chosen kernels with the objective next to greedy's.
@@ -126,7 +127,9 @@ def orchestrate(graph: Graph, tune: int | str = 0, target: CpuTarget | None = No
         plans += chosen
         reports.append(report)
     summary.greedy = _greedy_cost(own, measure, cache, "\n".join(texts))
-    summary.orchestrated = summary.objective < summary.greedy
+    # As for a part: the parts' costs, measured alone, overstate what fusing saves between
+    # a model's other kernels (Segformer-B0 ran 5% slower on a predicted 1% gain).
+    summary.orchestrated = summary.objective < summary.greedy * (1 - MARGIN)
     summary.seconds = time.perf_counter() - start
     reports.insert(0, f"objective {summary.objective * 1e6:.1f} us, greedy fusion of the "
                       f"model's own operators {summary.greedy * 1e6:.1f} us: "

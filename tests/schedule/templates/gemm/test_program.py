@@ -9,9 +9,9 @@ from tests.harness import assert_close, random_array
 from treadle.backend.cpu import generate
 from treadle.ir.compute import compute, reduce
 from treadle.ir.dtypes import float32
-from treadle.ir.expr import Buffer, Var, logical_and, maximum, select
+from treadle.ir.expr import Buffer, Const, Var, logical_and, maximum, select
 from treadle.ir.functor import evaluate, walk
-from treadle.ir.stmt import DeclBuffer
+from treadle.ir.stmt import DeclBuffer, For
 from treadle.ir.lower import lower
 from treadle.runtime.module import compile_function
 from treadle.ir.tabulate import tabulate
@@ -60,6 +60,24 @@ def test_matmul_symbolic_sizes(cfg):
         out = np.full((m, n), np.nan, np.float32)
         kernel(x, y, out)
         assert_close(out, x @ y, reduction=k, context=f"{m}x{n}x{k}")
+
+
+def test_symbolic_columns_store_whole_panels_in_loops_of_constant_length():
+    """With N a symbol, each row's whole micro-panels are stored by loops of micro_n
+    (a trip count of min(micro_n, ...) per panel cost attention's T x T products 20%),
+    and only the ragged last panel by a loop of what is left."""
+    a, b, c = symbolic_matmul()
+    cfg = GemmConfig(12, 32, 16, 6, 16)
+    kernel = build([a, b], c, cfg)
+    extents = [s.extent for s in walk(kernel.kernel.function.body)
+               if isinstance(s, For) and s.kind == "vectorize"]
+    assert any(isinstance(e, Const) and e.value == 16 for e in extents), extents
+    assert any(not isinstance(e, Const) for e in extents), extents
+    for n in (16, 47, 61):
+        x, y = random_array((7, 9), seed=n), random_array((9, n), seed=n + 1)
+        out = np.full((7, n), np.nan, np.float32)
+        kernel(x, y, out)
+        assert_close(out, x @ y, reduction=9, context=f"N={n}")
 
 
 @pytest.mark.parametrize("cfg", CONFIGS[:2] + CONFIGS[4:5], ids=str)

@@ -57,6 +57,12 @@ def reapply(node: Operator, inputs: list[Optional[Tensor]]) -> Sequence[Tensor]:
     return apply(node.op_type, inputs, node.attrs, node.name, [t.name for t in node.outputs])
 
 
+def sole_reader(readers: dict[int, list], tensor: Tensor) -> bool:
+    """Whether one operator reads ``tensor`` once and the graph does not return it
+    (``readers`` from ``consumers``): a pass may then rewrite what computes it."""
+    return len(readers.get(id(tensor), [])) == 1
+
+
 def consumers(graph: Graph) -> dict[int, list[Operator]]:
     """The operators reading each tensor (by id), graph outputs counted as a reader None."""
     readers: dict[int, list] = {}

@@ -26,7 +26,7 @@ from treadle.errors import ModelError
 from treadle.graph.ops.transform import index_bounds, out_of_range
 from treadle.graph.passes.channels_last import grouped_gemm
 from treadle.graph.passes.fold_constants import small_contents
-from treadle.graph.rewrite import consumers, reapply, rewrite_graph
+from treadle.graph.rewrite import consumers, reapply, rewrite_graph, sole_reader
 from treadle.graph.tensor import Tensor, constant
 
 Rule = Callable[[Operator, list, dict], Optional[Sequence[Tensor]]]
@@ -100,7 +100,7 @@ def _batch_norm(node: Operator, inputs: list, readers) -> Optional[Sequence[Tens
     shift = bias.data.astype(np.float64) - mean.data * factor
     conv = x.producer
     if (conv is not None and conv.op_type == "Conv" and conv.inputs[1].is_constant
-            and len(readers.get(id(node.inputs[0]), [])) == 1):
+            and sole_reader(readers, node.inputs[0])):
         return [_fold_into_conv(conv, factor, shift, x.dtype)]
     channel_shape = (-1,) + (1,) * (x.rank - 2)
     k = constant(factor.astype(np.float32).reshape(channel_shape), f"{node.name}/factor", x.dtype)

@@ -18,13 +18,14 @@ another order), as any reassociation does.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import numpy as np
 
 from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator, apply
-from treadle.graph.rewrite import consumers, rewrite_graph
+from treadle.graph.rewrite import consumers, rewrite_graph, sole_reader
 from treadle.graph.tensor import Tensor, constant
 
 # Resize attributes under which output pixels blend input pixels with weights summing to
@@ -34,15 +35,12 @@ SOURCE_AXES = "axes"
 
 
 def resize_conv(graph: Graph) -> Graph:
-    readers = consumers(graph)
-
-    def sole_reader(t: Tensor) -> bool:
-        return len(readers.get(id(t), [])) == 1 and all(t is not o for o in graph.outputs)
+    sole = functools.partial(sole_reader, consumers(graph))
 
     def rule(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
         if node.op_type != "Conv" or not pointwise(node, inputs):
             return None
-        return _split(node, inputs, sole_reader)
+        return _split(node, inputs, sole)
     return rewrite_graph(graph, rule)
 
 
@@ -59,21 +57,22 @@ def pointwise(node: Operator, inputs: list) -> bool:
             and isinstance(x.shape[1], int) and x.dtype.is_float)
 
 
-def _split(node: Operator, inputs: list, sole_reader) -> Optional[Sequence[Tensor]]:
+def _split(node: Operator, inputs: list, sole) -> Optional[Sequence[Tensor]]:
     x, weight = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
-    parts = _parts(node.inputs[0], x, sole_reader)
+    parts = _parts(node.inputs[0], x, sole)
     cout = weight.shape[0]
-    if not any(_enlarging(old, new, cout, sole_reader) for old, new in parts):
+    enlarging = [_enlarging(old, new, cout, sole) for old, new in parts]
+    if not any(enlarging):
         return None
     attrs = {k: v for k, v in node.attrs.items() if k != "group"}
     terms, offset = [], 0
-    for k, (old, part) in enumerate(parts):
+    for k, ((_, part), moved) in enumerate(zip(parts, enlarging)):
         width = part.shape[1]
         w = constant(np.ascontiguousarray(weight.data[:, offset:offset + width]),
                      f"{weight.name}/part{k}", weight.dtype)
         offset += width
-        if _enlarging(old, part, cout, sole_reader):
+        if moved:
             resize = part.producer
             y = apply("Conv", [resize.inputs[0], w], attrs, f"{node.name}/part{k}")[0]
             y = apply("Resize", _resize_inputs(resize, y, cout), resize.attrs,
@@ -91,22 +90,22 @@ def _split(node: Operator, inputs: list, sole_reader) -> Optional[Sequence[Tenso
     return [total]
 
 
-def _parts(old: Tensor, new: Tensor, sole_reader) -> list[tuple[Tensor, Tensor]]:
+def _parts(old: Tensor, new: Tensor, sole) -> list[tuple[Tensor, Tensor]]:
     """The (old, new) tensors concatenated along the channels into ``new`` where only the
     convolution reads that concatenation, else ``new`` alone."""
     concat, before = new.producer, old.producer
-    if (concat is None or concat.op_type != "Concat" or not sole_reader(old)
+    if (concat is None or concat.op_type != "Concat" or not sole(old)
             or int(concat.attrs.get("axis", 0)) % new.rank != 1
             or any(t is None or not isinstance(t.shape[1], int) for t in concat.inputs)):
         return [(old, new)]
     return list(zip(before.inputs, concat.inputs))
 
 
-def _enlarging(old: Tensor, new: Tensor, cout: int, sole_reader) -> bool:
+def _enlarging(old: Tensor, new: Tensor, cout: int, sole) -> bool:
     """Whether ``new`` is a resize (read only here) that blends pixels of each channel,
     enlarges the image and has at least ``cout`` channels."""
     resize = new.producer
-    if resize is None or resize.op_type != "Resize" or not sole_reader(old):
+    if resize is None or resize.op_type != "Resize" or not sole(old):
         return False
     x, attrs = resize.inputs[0], resize.attrs
     given = [t for t in resize.inputs[2:4] if t is not None]  # scales, sizes

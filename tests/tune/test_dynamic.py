@@ -17,6 +17,8 @@ from tests.harness import assert_close, random_array
 from treadle import compiler, ops
 from treadle.config import override
 from treadle.ir.builder import FunctionBuilder
+from treadle.ir.dtypes import index_type
+from treadle.ir.expr import Var
 from treadle.runtime.module import compile_function
 from treadle.schedule.dispatch import dispatching_kernel
 from treadle.schedule.rules import Kernel
@@ -112,7 +114,7 @@ def test_predictions_pass_through_a_candidates_own_measurements():
     works = [[_work(n, max(1, n // 8)) for n in sizes]]
     predicted = np.array([model.seconds(5e-12, w) for w in works[0]])
     tuning = dynamic._Tuning(None, None, "k", ["seq"], [], np.ones(5) / 5, [], works, 1,
-                             None, [1, 3], [], seconds={(0, 1): predicted[1] * 1.2,
+                             None, [1, 3], {}, [], seconds={(0, 1): predicted[1] * 1.2,
                                                         (0, 3): predicted[3] * 0.9,
                                                         (1, 2): 1.0},
                              model=model, measured={0: dynamic.Measured(5e-12)})
@@ -120,6 +122,41 @@ def test_predictions_pass_through_a_candidates_own_measurements():
     assert bent[1] == pytest.approx(1.2) and bent[3] == pytest.approx(0.9)
     assert 0.9 < bent[2] < 1.2 and bent[0] == pytest.approx(1.2, rel=0.05)
     assert bent[4] == pytest.approx(0.9, rel=0.05)
+
+
+def _grid(lo: int, hi: int) -> list[dict]:
+    return [{Var("seq", index_type): n} for n in range(lo, hi + 1)]
+
+
+@pytest.mark.parametrize("hi", [16, 128, 509])
+def test_stand_in_sizes_grow_by_half_up_to_the_median_and_double_after(hi):
+    """Below the median, sizes between powers of two stand in too (their register tiles
+    pad differently); above it each stand-in at least doubles the last. The range's
+    ends and median are always among them."""
+    grid = _grid(1, hi)
+    sizes = [next(iter(grid[g].values())) for g in dynamic._stand_ins(grid, np.ones(hi) / hi)]
+    median = (hi + 1) // 2
+    assert sizes[0] == 1 and sizes[-1] == hi and median in sizes
+    below, above = [n for n in sizes if n <= median], [n for n in sizes if n >= median]
+    assert all(b < 1.5 * a + 1 for a, b in zip(below, below[1:]))
+    assert all(b >= 2 * a for a, b in zip(above, above[1:-1]))
+    assert {3, 5} <= set(below)  # not powers of two alone
+
+
+def test_a_config_made_for_one_size_is_timed_near_it_and_at_the_quantiles():
+    """A stand-in's own config runs at its size, the stand-ins either side, the
+    quantiles and where its tiles fit best; a point of the space at every stand-in."""
+    grid = _grid(1, 128)
+    works = [[_work(n, max(1, n // 8)) for n in range(1, 129)]] * 2
+    stand_ins = dynamic._stand_ins(grid, np.ones(128) / 128)
+    made_for = stand_ins[4]
+    tuning = dynamic._Tuning(None, None, "k", ["seq"], grid, np.ones(128) / 128, [], works,
+                             1, None, stand_ins, {0: made_for}, [])
+    timed = {g for _, g in tuning.runs_of(0)}
+    near = set(stand_ins[3:6]) | set(dynamic._quantiles(np.ones(128) / 128))
+    assert timed == near | {dynamic._full_size(works[0])}
+    assert len(timed) < len(stand_ins)
+    assert set(stand_ins) <= {g for _, g in tuning.runs_of(1)}
 
 
 def test_variants_are_chosen_for_the_sizes_they_serve():

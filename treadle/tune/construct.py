@@ -44,11 +44,11 @@ from treadle.target.cpu import CpuTarget
 from treadle.target.memory import MemoryHierarchy, memory_hierarchy
 from treadle.tune.etir import (State, TensorAccess, TilingProblem, actions, benefit, cache,
                                initial_state)
+from treadle.tune.measure import SYMBOL_SIZE  # a symbolic extent's stand-in, as when measuring
 
 T0 = 2.0 ** 48
 THRESHOLD = 1.0
 CHAINS = 8
-SYMBOL_SIZE = 128  # a symbolic extent's stand-in, as when measuring
 MAX_K_BLOCK = 1024
 METHODS = ("gensor", "greedy", "space")
 SPACE_LEVEL = 2  # the hardware-centric space whose points "gensor" also ranks

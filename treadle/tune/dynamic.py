@@ -77,7 +77,7 @@ MAX_LEAVES = 64
 MIN_GAIN = 0.05        # a variant joins where it is 5% faster than the others at some size
 MAX_GRID = 4096        # sizes the model scores, per kernel (a finer range is sampled)
 QUANTILES = 3          # stand-in sizes at quantiles of the weight (see _stand_ins)
-GROWTH = 2.0           # and sizes doubling from the smallest
+GROWTH = 1.5           # and sizes growing by half from the smallest (see _stand_ins)
 MEASURED = {1: 2, 2: 8}     # space points measured in the first round, beside the stand-ins
 EXPLORED = {1: 3, 2: 8}     # candidates the model picks for a second round
 # Timings per run: each candidate runs at several sizes and the model is fitted to all of
@@ -435,20 +435,32 @@ def _candidates(template, pattern, level: int, target: CpuTarget, grid: list[dic
 
 
 def _stand_ins(grid: list[dict], weights: np.ndarray) -> list[int]:
-    """Grid indices of the stand-in sizes: evenly spaced quantiles of the weight, and
-    sizes doubling from the smallest (where a few rows more or less change which
-    register tile pads least)."""
-    cumulative = np.cumsum(weights)
-    found = {int(min(np.searchsorted(cumulative, q), len(weights) - 1))
-             for q in np.linspace(0, 1, QUANTILES)}
+    """Grid indices of the stand-in sizes: the quantiles (``_quantiles``), and sizes
+    growing from the smallest, by half up to the median and doubling after it. Small
+    sizes span few register tiles, so a few rows more or less change which tile pads
+    least; and powers of two alone flatter tiles of power-of-two rows (a batched 17 x 17
+    product ran 4 x 16 tiles at half the speed of the 9 x 16 ones that a size of 18
+    fits). Large sizes cost the most to time and differ less."""
+    found = set(_quantiles(weights))
+    median = _quantiles(weights)[QUANTILES // 2]
     order = sorted(range(len(grid)), key=lambda g: sorted(grid[g].values()))
-    last = None
+    last, growth = None, GROWTH
     for g in order:
         size = max(grid[g].values(), default=0)
-        if last is None or size >= GROWTH * last:
+        if last is None or size >= growth * last or g == median:
             found.add(g)
             last = max(size, 1)
+        if g == median:
+            growth = 2.0
     return sorted(found)
+
+
+def _quantiles(weights: np.ndarray) -> list[int]:
+    """Grid indices at evenly spaced quantiles of the weight, the first and last
+    included."""
+    cumulative = np.cumsum(weights)
+    return [int(min(np.searchsorted(cumulative, q), len(weights) - 1))
+            for q in np.linspace(0, 1, QUANTILES)]
 
 
 @dataclass
@@ -467,6 +479,7 @@ class _Tuning:
     level: int
     target: CpuTarget
     stand_ins: list[int]  # grid indices of the stand-in sizes
+    origins: dict[int, int]  # candidate -> the stand-in its config was made for
     first: list[tuple[int, int]]
     seconds: dict[tuple[int, int], float | None] = field(default_factory=dict)
     model: CostModel = CostModel(*PRIOR)
@@ -480,7 +493,7 @@ class _Tuning:
         works = [[template.work(r, env) for env in grid] for _, r in points]
         space = [c for c in range(len(points)) if c not in origins][:MEASURED[level]]
         tuning = cls(template, pattern, name, symbols, grid, weights, points, works, level,
-                     target, sorted(set(origins.values())), [])
+                     target, sorted(set(origins.values())), origins, [])
         first = sorted(origins) + space
         runs = [run for c in first for run in tuning.runs_of(c)]
         runs += [(c, g) for c in first[:PROBED] for g in _probe_sizes(works[c])]
@@ -489,10 +502,17 @@ class _Tuning:
 
     def runs_of(self, c: int) -> list[tuple[int, int]]:
         """Where candidate ``c`` is timed: where its tiles fit best, and at every
-        stand-in size (small sizes time in microseconds, so a row of sizes costs little
-        more than one run at the full size)."""
+        stand-in size; or, for a config made for one stand-in, at that one and its
+        neighbours (where it may win) and at the quantiles. Elsewhere the model carries
+        its time from those: timing every candidate at every size spent most of a dense
+        layer's tuning at the large ones; timing a 5 x 16 tile at sizes up to 8 and 80
+        alone, the model carried it to 128 at 25% below its time."""
+        sizes = self.stand_ins
+        if c in self.origins:
+            k = sizes.index(self.origins[c])
+            sizes = sorted(set(sizes[max(k - 1, 0):k + 2] + _quantiles(self.weights)))
         return list(dict.fromkeys([(c, _full_size(self.works[c]))]
-                                  + [(c, g) for g in self.stand_ins]))
+                                  + [(c, g) for g in sizes]))
 
     def explore(self) -> list[tuple[int, int]]:
         """After the first round: the model fitted, f_MK of the measured candidates, and

@@ -16,19 +16,13 @@ from typing import Iterator
 
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.dtypes import float32
-from treadle.ir.expr import Buffer, Expr, Load, call, ceil_div, select
+from treadle.ir.expr import Buffer, Expr, ceil_div, select
 from treadle.ir.functor import substitute
 from treadle.ir.mapping import repeat, unravel
 from treadle.schedule.templates.gemm.micro_kernel import Slice
 from treadle.schedule.templates.gemm.pattern import (f32, interleaved_batch, static_max,
                                                      static_min)
 from treadle.schedule.templates.gemm.resolve import ResolvedGemm, k_row, left_row, panel_rows
-
-# Packing B reads rows of a weight matrix that is usually in memory, not cache; each row
-# of a block is a short stretch, too short for the hardware prefetcher to run ahead, so
-# packing fetches the row this many rows further on.
-PREFETCH_ROWS = 32
-
 
 class MacroTile:
     """One macro-tile: its batch coordinates, first row and column, and valid extents.
@@ -150,6 +144,11 @@ def pack_right(fb: FunctionBuilder, gemm: ResolvedGemm, tile: MacroTile, block: 
     follows (4% of 1024^3 over panel by panel); the ragged last one is filled with
     bounds checks. With ``ragged_only``, just the ragged panel, into b_pack[0].
 
+    No software prefetch: constant weights are laid out at compile time (and prefetched
+    there, see program._Panels), so B here is an activation, in cache when the kernel
+    before has just written it. A prefetch per panel row made no difference to static
+    products and cost those of symbolic width 10-25% (attention's T x T products).
+
     Panels are a cache line more than block_k rows apart: at exactly block_k rows (a
     multiple of 4 KiB), filling a row of every panel hit one L1 set block_n / micro_n
     times over, and a 7x7x512 convolution spent a third of its time in those stores."""
@@ -165,10 +164,7 @@ def pack_right(fb: FunctionBuilder, gemm: ResolvedGemm, tile: MacroTile, block: 
 
     if not ragged_only:
         for kk, k in k_walk(fb, gemm, block):
-            ahead = _rows_ahead(gemm, k)
             for p in fb.range(tile.cols // nr, name="p"):
-                if ahead is not None:
-                    fb.evaluate(call("prefetch", _right_at(gemm, tile, p * nr, ahead)))
                 fill_row(p, p, kk, k, checked=False)
     with fb.if_(tile.cols % nr > 0):
         last = tile.cols // nr
@@ -182,12 +178,3 @@ def _right_at(gemm: ResolvedGemm, tile: MacroTile, col, k: dict) -> Expr:
     n = dict(zip(gemm.pattern.n_axes, unravel(tile.col0 + col, gemm.extents["n"])))
     return substitute(gemm.pattern.right, {**tile.batch, **n, **k})
 
-
-def _rows_ahead(gemm: ResolvedGemm, k: dict) -> dict | None:
-    """K coordinates PREFETCH_ROWS rows of B past ``k`` (along the innermost K axis; past
-    its end the address is another row's or outside B, harmless for a prefetch), or None
-    when B is not a plain load whose address could be fetched."""
-    if not isinstance(gemm.pattern.right, Load):
-        return None
-    inner = gemm.pattern.compute.reduce_axes[-1]
-    return {**k, inner: k[inner] + PREFETCH_ROWS}

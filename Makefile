@@ -12,8 +12,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $(STAMP)
 
+# One worker per core: the suite is bound by gcc compiling each test's kernels, one
+# process at a time; a test file stays on one worker, which keeps its fixtures.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 demo: $(STAMP)
 	$(PY) -m treadle.demo

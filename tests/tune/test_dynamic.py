@@ -232,7 +232,8 @@ def cache(tmp_path_factory):
         yield
 
 
-MEASURING_CALLS: list[list[str]] = []  # the labels of each call measuring the fixture's model
+# (label, timed cold) of each run, per call measuring the fixture's model
+MEASURING_CALLS: list[list[tuple[str, bool]]] = []
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +241,7 @@ def dynamic_model(cache):
     real = dynamic.measure_functions
 
     def counted(functions, **kwargs):
-        MEASURING_CALLS.append(list(kwargs["labels"]))
+        MEASURING_CALLS.append(list(zip(kwargs["labels"], kwargs["cold"], strict=True)))
         return real(functions, **kwargs)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(dynamic, "measure_functions", counted)
@@ -251,8 +252,22 @@ def test_a_model_measures_its_dynamic_kernels_together(dynamic_model):
     """Each round of measuring takes the candidates of both kernels at once, so a model
     starts the compiler and the measuring child twice, not twice per kernel."""
     assert 1 <= len(MEASURING_CALLS) <= 2
-    kernels = {label.removeprefix("of ").split(" (")[0] for label in MEASURING_CALLS[0]}
+    kernels = {_kernel_of(label) for label, _ in MEASURING_CALLS[0]}
     assert len(kernels) == 2, kernels
+
+
+def test_weights_are_timed_cold_and_activations_in_cache(dynamic_model):
+    """The dense layer's laid-out weights come from memory in a model's call; the
+    attention product reads only what the layer before has just written."""
+    cold = {}
+    for label, flag in (run for call in MEASURING_CALLS for run in call):
+        cold.setdefault(_kernel_of(label), set()).add(flag)
+    dense, attention = sorted(cold)  # k0 is the dense layer, then the product
+    assert cold[dense] == {True} and cold[attention] == {False}, cold
+
+
+def _kernel_of(label: str) -> str:
+    return label.removeprefix("of ").split(" (")[0]
 
 
 @pytest.mark.parametrize("seq", [0, *SIZES, 128, 300])

@@ -80,9 +80,12 @@ QUANTILES = 3          # stand-in sizes at quantiles of the weight (see _stand_i
 GROWTH = 1.5           # and sizes growing by half from the smallest (see _stand_ins)
 MEASURED = {1: 2, 2: 8}     # space points measured in the first round, beside the stand-ins
 EXPLORED = {1: 3, 2: 8}     # candidates the model picks for a second round
-# Timings per run: each candidate runs at several sizes and the model is fitted to all of
-# them, so each needs fewer than a static tuner's.
-REPEATS = 6
+# Timings per run, within a time budget: each candidate runs at several sizes and the
+# model is fitted to all of them, so a long run needs fewer timings than a static tuner's
+# (3 of 50 ms); a short one, many (at 17 x 17, attention's candidates differed by less
+# than 6 timings of 100 microseconds varied, and the variants chosen changed run to run).
+REPEATS = 30
+BUDGET_S = 0.15
 PROBED = 3             # candidates also timed at the smallest and least occupied sizes
 # Before fitting: occupancy k, overhead s, cold and stream s/byte (memory at 20 GB/s, cache
 # at 40 GB/s).
@@ -579,21 +582,26 @@ class _Tuning:
 
 def _time_runs(tunings: Sequence[_Tuning], runs: Sequence[list[tuple[int, int]]], bar) -> None:
     """Times the runs of every tuning in one measuring call (each candidate emitted
-    once however many sizes it runs at), into each tuning's ``seconds``."""
-    functions, sizes, labels, owners = [], [], [], []
+    once however many sizes it runs at), into each tuning's ``seconds``. A kernel that
+    reads weights in a layout of its own is timed with them cold, as a model's call
+    finds them; one that reads activations alone, with them in cache, as the kernel
+    before it leaves them. (Timed cold after the large sizes' runs, attention's
+    17 x 17 products all ran at memory speed, and which tile won was noise.)"""
+    functions, sizes, labels, owners, cold = [], [], [], [], []
     for tuning, own in zip(tunings, runs):
-        emitted = {c: tuning.template.emit(tuning.points[c][1], tuning.name).function
+        emitted = {c: tuning.template.emit(tuning.points[c][1], tuning.name)
                    for c in dict.fromkeys(c for c, _ in own)}
         for c, g in own:
             size = {v.name: n for v, n in tuning.grid[g].items()}
-            functions.append(emitted[c])
+            functions.append(emitted[c].function)
+            cold.append(bool(emitted[c].derived))
             sizes.append(size)
             labels.append(f"of {tuning.name} ({tuning.points[c][0]} at {size})")
             owners.append((tuning, (c, g)))
     if not functions:
         return
     seconds = measure_functions(functions, sizes=sizes, labels=labels, progress=bar.update,
-                                repeats=REPEATS)
+                                repeats=REPEATS, cold=cold, budget=BUDGET_S)
     for (tuning, run), t in zip(owners, seconds):
         tuning.seconds[run] = t
 

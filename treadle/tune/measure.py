@@ -59,13 +59,15 @@ def measure_functions(functions: Sequence[Function], *, symbol_size: int = SYMBO
                       progress: Callable[[int], object] = lambda n: None,
                       labels: Sequence[str] | None = None,
                       sizes: Sequence[Mapping[str, int]] | None = None,
-                      cold: bool = True) -> list[float | None]:
+                      cold: bool | Sequence[bool] = True,
+                      budget: float = TIME_BUDGET_S) -> list[float | None]:
     """Median seconds per call of each function (None where it failed to build, crashed or
     timed out); ``progress(n)`` is called as n more candidates are settled; ``labels``
     name the candidates in warnings; ``sizes`` gives each function's symbols their
     values by name (``symbol_size`` where it names none); ``cold=False`` calls each with
     the same arguments, in cache as a kernel's inputs are when the one before it has just
-    written them."""
+    written them (a flag per function where given a sequence). A candidate whose calls
+    together would take more than ``budget`` seconds is timed fewer times (3 at least)."""
     labels = list(labels) if labels is not None else [""] * len(functions)
     # A function timed at several sizes is built once.
     built: dict[Function, int] = {}
@@ -73,6 +75,8 @@ def measure_functions(functions: Sequence[Function], *, symbol_size: int = SYMBO
     unique = [_renamed(f, f"candidate{k}") for k, f in enumerate(built)]
     named = [unique[k] for k in index]
     sizes = sizes if sizes is not None else [{}] * len(functions)
+    colds = [cold] * len(functions) if isinstance(cold, bool) else list(cold)
+    cold_bytes = [2 * host().l3_bytes if c else 0 for c in colds]
     envs = [{v: given.get(v.name, symbol_size) for v in _symbols(f)}
             for f, given in zip(named, sizes)]
     paths = _build(unique) if unique else []
@@ -84,10 +88,9 @@ def measure_functions(functions: Sequence[Function], *, symbol_size: int = SYMBO
         while todo:
             job = Path(tmp) / "job.pkl"
             job.write_bytes(pickle.dumps({
-                "candidates": [(k, str(libraries[k]), named[k], envs[k]) for k in todo],
-                "repeats": repeats, "threads": config.num_threads,
-                "cold_bytes": 2 * host().l3_bytes if cold else 0,
-                "budget": TIME_BUDGET_S}))
+                "candidates": [(k, str(libraries[k]), named[k], envs[k], cold_bytes[k])
+                               for k in todo],
+                "repeats": repeats, "threads": config.num_threads, "budget": budget}))
             done = _run_child(job, results, timeout, labels)
             if not done:  # the child died before reaching any candidate
                 log.warning("tuning: the measuring process failed to start; %d candidates "
@@ -207,11 +210,11 @@ def _child_main(job_path: str) -> None:
     # 30-50% slower than the same kernel placed later.
     turn = itertools.count()
     with override(num_threads=job["threads"]):
-        for index, path, function, env in job["candidates"]:
+        for index, path, function, env, cold_bytes in job["candidates"]:
             print("start", index, flush=True)
             try:
                 kernel = load(path, [function])[function.name]
-                args = _cold_arguments(function, env, copies, job["cold_bytes"])
+                args = _cold_arguments(function, env, copies, cold_bytes)
                 first = _seconds(kernel, args, next(turn))
             except Exception as err:  # a candidate's own failure, reported, not fatal
                 print("error", index, type(err).__name__, str(err).replace("\n", " "),

@@ -85,7 +85,7 @@ EXPLORED = {1: 3, 2: 8}     # candidates the model picks for a second round
 # (3 of 50 ms); a short one, many (at 17 x 17, attention's candidates differed by less
 # than 6 timings of 100 microseconds varied, and the variants chosen changed run to run).
 REPEATS = 30
-BUDGET_S = 0.15
+BUDGET_S = 0.1
 PROBED = 3             # candidates also timed at the smallest and least occupied sizes
 # Before fitting: occupancy k, overhead s, cold and stream s/byte (memory at 20 GB/s, cache
 # at 40 GB/s).
@@ -506,14 +506,15 @@ class _Tuning:
     def runs_of(self, c: int) -> list[tuple[int, int]]:
         """Where candidate ``c`` is timed: where its tiles fit best, and at every
         stand-in size; or, for a config made for one stand-in, at that one and its
-        neighbours (where it may win) and at the quantiles. Elsewhere the model carries
+        neighbours (where it may win) and at the range's ends. Elsewhere the model carries
         its time from those: timing every candidate at every size spent most of a dense
         layer's tuning at the large ones; timing a 5 x 16 tile at sizes up to 8 and 80
         alone, the model carried it to 128 at 25% below its time."""
         sizes = self.stand_ins
         if c in self.origins:
             k = sizes.index(self.origins[c])
-            sizes = sorted(set(sizes[max(k - 1, 0):k + 2] + _quantiles(self.weights)))
+            ends = _quantiles(self.weights)[::QUANTILES - 1]
+            sizes = sorted(set(sizes[max(k - 1, 0):k + 2] + ends))
         return list(dict.fromkeys([(c, _full_size(self.works[c]))]
                                   + [(c, g) for g in sizes]))
 

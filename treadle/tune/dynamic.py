@@ -444,8 +444,8 @@ def _stand_ins(grid: list[dict], weights: np.ndarray) -> list[int]:
     least; and powers of two alone flatter tiles of power-of-two rows (a batched 17 x 17
     product ran 4 x 16 tiles at half the speed of the 9 x 16 ones that a size of 18
     fits). Large sizes cost the most to time and differ less."""
-    found = set(_quantiles(weights))
-    median = _quantiles(weights)[QUANTILES // 2]
+    quantiles = _quantiles(weights)
+    found, median = set(quantiles), quantiles[QUANTILES // 2]
     order = sorted(range(len(grid)), key=lambda g: sorted(grid[g].values()))
     last, growth = None, GROWTH
     for g in order:

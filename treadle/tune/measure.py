@@ -75,8 +75,8 @@ def measure_functions(functions: Sequence[Function], *, symbol_size: int = SYMBO
     unique = [_renamed(f, f"candidate{k}") for k, f in enumerate(built)]
     named = [unique[k] for k in index]
     sizes = sizes if sizes is not None else [{}] * len(functions)
-    colds = [cold] * len(functions) if isinstance(cold, bool) else list(cold)
-    cold_bytes = [2 * host().l3_bytes if c else 0 for c in colds]
+    cold_bytes = [2 * host().l3_bytes if c else 0
+                  for c in ([cold] * len(functions) if isinstance(cold, bool) else cold)]
     envs = [{v: given.get(v.name, symbol_size) for v in _symbols(f)}
             for f, given in zip(named, sizes)]
     paths = _build(unique) if unique else []

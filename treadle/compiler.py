@@ -13,15 +13,14 @@ of times and one file for all would use a single core.
 from __future__ import annotations
 
 import functools
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from treadle.backend.build import build_many
+from treadle.backend.build import build_many, object_groups
 from treadle.backend.cpu import generate
 from treadle.backend.cuda import build_cuda
-from treadle.config import config
+from treadle.config import config, usable_cores
 from treadle.dump import dump_folder, dump_text
 from treadle.graph.graph import Graph
 from treadle.graph.kernel_plan import KernelPlan, plan_kernels
@@ -257,8 +256,8 @@ def build_functions(functions: Sequence[Function], name: str, target: CpuTarget 
                     ) -> dict[str, CompiledFunction]:
     """Lowers and builds functions in several shared objects at once, each group lowered
     while the groups before it compile."""
-    groups = [functions[k:k + FUNCTIONS_PER_OBJECT]
-              for k in range(0, len(functions), FUNCTIONS_PER_OBJECT)]
+    groups = [functions[r.start:r.stop]
+              for r in object_groups(len(functions), FUNCTIONS_PER_OBJECT)]
     lowered: list[list[Function]] = []
 
     def items():
@@ -280,8 +279,8 @@ def build_cuda_functions(functions: Sequence[Function], name: str, target: CudaT
     few cubins at once."""
     launched = {f.name: [lower(k, target) for k in launches(f)] for f in functions}
     names = list(launched)
-    groups = [names[k:k + FUNCTIONS_PER_OBJECT] for k in range(0, len(names), FUNCTIONS_PER_OBJECT)]
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+    groups = [names[r.start:r.stop] for r in object_groups(len(names), FUNCTIONS_PER_OBJECT)]
+    with ThreadPoolExecutor(max_workers=usable_cores()) as pool:
         binaries = list(pool.map(
             lambda item: build_cuda([k for n in item[1] for k in launched[n]], target,
                                     f"{name}_{item[0]}"), enumerate(groups)))

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, not the machine's count)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
@@ -60,7 +61,7 @@ def from_environment(env=os.environ) -> Config:
     return Config(
         cache_dir=Path(env.get("TREADLE_CACHE_DIR") or Path.home() / ".cache" / "treadle"),
         dump_dir=Path(dump) if dump else None,
-        num_threads=_positive_int("TREADLE_NUM_THREADS", threads) if threads else _usable_cores(),
+        num_threads=_positive_int("TREADLE_NUM_THREADS", threads) if threads else usable_cores(),
         pin_workers=env.get("TREADLE_PIN_WORKERS", "1") not in ("", "0"),
         verify=env.get("TREADLE_VERIFY", "0") not in ("", "0"),
         cc=env.get("TREADLE_CC") or "gcc",

@@ -61,8 +61,20 @@ def test_flags_are_the_documented_ones():
     assert {"-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp-simd"} <= set(flags)
     assert "-fopenmp" not in flags  # parallel loops run on treadle's pool, not libgomp
     assert "-ffast-math" not in flags
+    assert "-fno-tree-loop-distribute-patterns" in flags  # short copies stay loops
     # ISA flags are the host's features treadle emits code for, nothing more.
     assert {f for f in flags if f.startswith("-m")} == {f"-m{f}" for f in host().features}
+
+
+@pytest.mark.parametrize("count,cores,most,sizes", [
+    (16, 2, 24, [8, 8]), (1, 2, 24, [1]), (0, 2, 24, []), (50, 2, 24, [16, 17, 17]),
+    (7, 4, 8, [1, 2, 2, 2]), (63, 2, 8, [7, 8, 8, 8, 8, 8, 8, 8])])
+def test_functions_are_split_into_an_object_per_core_at_least(monkeypatch, count, cores,
+                                                               most, sizes):
+    monkeypatch.setattr(build_module, "usable_cores", lambda: cores)
+    groups = build_module.object_groups(count, most)
+    assert [len(g) for g in groups] == sizes
+    assert [k for g in groups for k in g] == list(range(count))
 
 
 def _rehash(path) -> None:

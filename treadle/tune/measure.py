@@ -1,7 +1,8 @@
 """Measuring candidate kernels: build them all in parallel, time them in a child process.
 
-Candidates are lowered, printed as C in groups of ``FUNCTIONS_PER_OBJECT`` per shared
-object (a compiler start-up per kernel would dominate tuning) and built by ``build_many``.
+Candidates are lowered, printed as C in groups of at most ``FUNCTIONS_PER_OBJECT`` per
+shared object (a compiler start-up per kernel would dominate tuning), at least one group
+per core, and built by ``build_many``.
 The timing runs in a child process (``python -m treadle.tune.measure JOB``) that reports
 each candidate on its stdout as it goes, so a candidate that crashes the process or runs
 past ``timeout`` seconds is marked failed (None) and the child is restarted on the rest:
@@ -32,7 +33,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from treadle.backend.build import build_many
+from treadle.backend.build import build_many, object_groups
 from treadle.backend.cpu import generate
 from treadle.config import config
 from treadle.errors import CompileError
@@ -115,11 +116,12 @@ def _build(functions: Sequence[Function]) -> list[Path | None]:
     """The shared object holding each function, None where its group failed to build
     (each group lowered while the groups before it compile)."""
     items: list[tuple] = []
+    ranges = object_groups(len(functions), FUNCTIONS_PER_OBJECT)
 
     def groups():
-        for k in range(0, len(functions), FUNCTIONS_PER_OBJECT):
-            group = [lower(f) for f in functions[k:k + FUNCTIONS_PER_OBJECT]]
-            items.append((generate(group), f"tune_{k}", exported_symbols(group)))
+        for r in ranges:
+            group = [lower(f) for f in functions[r.start:r.stop]]
+            items.append((generate(group), f"tune_{r.start}", exported_symbols(group)))
             yield items[-1]
     try:
         paths: list[Path | None] = list(build_many(groups()))
@@ -131,7 +133,7 @@ def _build(functions: Sequence[Function]) -> list[Path | None]:
             except CompileError as err:
                 log.warning("tuning: a group of candidates failed to compile:\n%s", err)
                 paths.append(None)
-    return [paths[k // FUNCTIONS_PER_OBJECT] for k in range(len(functions))]
+    return [path for r, path in zip(ranges, paths) for _ in r]
 
 
 def _run_child(job: Path, results: list, timeout: float, labels: Sequence[str]) -> set[int]:

@@ -122,6 +122,20 @@ def test_plans_are_kept_for_the_most_recently_used_sizes_only():
                      reference_chain(random_array((6, 64), seed=6), 3))
 
 
+def test_checked_shapes_are_kept_and_a_mismatch_still_raises():
+    """Shapes seen before bind their symbols from a table; a mismatch between inputs is
+    checked whatever the table holds, and the table keeps plan_cache entries at most."""
+    x, y = Tensor("x", "float32", ["n", 64]), Tensor("y", "float32", ["n", 64])
+    model = compile_graph(Graph.from_outputs([x, y], [apply("Add", [x, y])[0]]))
+    with override(plan_cache=3):
+        for n in (5, 7, 5, 0, 11, 13, 5):
+            a, b = random_array((n, 64), seed=n), random_array((n, 64), seed=n + 1)
+            assert_close(model(a, b)[0], a + b)
+            with pytest.raises(ShapeError, match="'y'"):
+                model(a, random_array((n + 1, 64), seed=n))
+            assert len(model._bound) <= 3
+
+
 def test_outputs_are_owned_by_the_caller():
     model = chain(2)
     a = model(np.ones((2, 64), np.float32))[0]

@@ -84,8 +84,11 @@ EXPLORED = {1: 3, 2: 8}     # candidates the model picks for a second round
 # model is fitted to all of them, so a long run needs fewer timings than a static tuner's
 # (3 of 50 ms); a short one, many (at 17 x 17, attention's candidates differed by less
 # than 6 timings of 100 microseconds varied, and the variants chosen changed run to run).
+# Runs of up to a millisecond are timed 30 times; BERT's runs of 3 ms and more, 30 times
+# each, took 9 of its 13 s of timing, and varied as much from one tuning to the next
+# when timed 10 times.
 REPEATS = 30
-BUDGET_S = 0.1
+BUDGET_S = 0.03
 PROBED = 3             # candidates also timed at the smallest and least occupied sizes
 # Before fitting: occupancy k, overhead s, cold and stream s/byte (memory at 20 GB/s, cache
 # at 40 GB/s).

@@ -106,6 +106,21 @@ def test_a_sized_config_is_what_a_compile_for_that_size_resolves_to(m):
             resolve(matmul(M, 384, 256), cfg, host()).config
 
 
+@pytest.mark.parametrize("t", [1, 7, 18, 61])
+def test_a_sized_config_keeps_a_symbolic_k_block(t):
+    """Attention's P V has K = T: a variant fitted at one T keeps the config's K block
+    (or the streaming one, where one micro-panel of rows reads the right factor in
+    place), which must serve every T it is dispatched to, while its rows are fitted to
+    T."""
+    T = Var("T")
+    cfg = GemmConfig(block_m=42, block_n=64, block_k=64, micro_m=14, micro_n=16)
+    with override(num_threads=2):
+        sized = sized_config(matmul(T, 64, T), cfg, host(), {T: t})
+        fitted = resolve(matmul(t, 64, t), cfg, host()).config
+    assert sized.block_k == (STREAM_BLOCK_K if sized.block_m == sized.micro_m else 64)
+    assert (sized.micro_m, sized.block_m) == (fitted.micro_m, fitted.block_m)
+
+
 @pytest.mark.parametrize("sizes", [(1, 384, 256), (7, 768, 768), (61, 37, 97), ("M", 384, 256),
                                    ("M", "N", 64)], ids=str)
 def test_resolving_a_resolved_config_changes_nothing(sizes):

@@ -126,18 +126,22 @@ def sized_config(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget,
                  env: Mapping[Var, int]) -> GemmConfig:
     """The config ``resolve`` fits to ``pattern`` with its symbols at the values of
     ``env``: what a compile for those sizes alone would run, as a candidate variant of
-    the symbolic kernel (``tune.dynamic``)."""
-    return _fitted(pattern, cfg, target, env).cfg
+    the symbolic kernel (``tune.dynamic``). K keeps its symbols: a variant's K block
+    serves every K it dispatches to, and one fitted to a single K splits the others
+    oddly (attention's P V at T = 24 and 31 ran 1.4x slower in K blocks of 18 than of
+    64, and no faster at 17)."""
+    return _fitted(pattern, cfg, target, env, ("batch", "m", "n")).cfg
 
 
-def _fitted(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget, env: Mapping[Var, int]
-            ) -> ResolvedGemm:
-    """The clamp, stream and balance chain, on the sizes the symbols take in ``env``
-    (a symbol missing from it leaves its sizes untouched)."""
+def _fitted(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget, env: Mapping[Var, int],
+            roles: Sequence[str] = ROLES) -> ResolvedGemm:
+    """The clamp, stream and balance chain, on the sizes the symbols take in ``env`` in
+    the sizes of ``roles`` (a symbol missing from it leaves its sizes untouched)."""
     check_config(cfg, target)
     threads = target.cores
     extents = role_extents(pattern)
-    sizes = {r: _known(product(extents[r]), env) for r in ROLES}
+    sizes = {r: _known(product(extents[r]), env) if r in roles else product(extents[r])
+             for r in ROLES}
     M, N, K = sizes["m"], sizes["n"], sizes["k"]
     cached_left = _left_bytes(pattern) <= target.l2_bytes
     if cached_left and window_taps(extents["k"]):

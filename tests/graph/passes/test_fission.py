@@ -6,7 +6,11 @@ import pytest
 
 from tests.harness import assert_close, random_array, run_onnxruntime
 from treadle.compiler import compile_graph
+from treadle.graph.graph import Graph
+from treadle.graph.operator import apply
+from treadle.graph.passes.channels_last import channels_last
 from treadle.graph.passes.fission import fission
+from treadle.graph.tensor import Tensor, constant
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -128,6 +132,44 @@ def test_instance_normalization_is_per_sample_and_channel():
     split = check(model, {"x": near_one(IMAGE)}, "InstanceNormalization", MOMENTS | {"Reshape"},
                   reduction=7 * 11)
     assert {tuple(n.attrs["axes"]) for n in split.nodes if n.op_type == "ReduceMean"} == {(2, 3)}
+
+
+@pytest.mark.parametrize("groups", [1, 3, 15])
+def test_group_normalization_is_per_sample_and_group(groups):
+    image = (2, 15, 7, 5)
+    inits = {"scale": random_array((15,), seed=2), "bias": random_array((15,), seed=3)}
+    model = one_op_model("GroupNormalization", image, {"epsilon": 1e-3, "num_groups": groups},
+                         inits, opset=21)
+    check(model, {"x": near_one(image)}, "GroupNormalization", MOMENTS | {"Reshape"},
+          reduction=15 // groups * 7 * 5)
+
+
+@pytest.mark.parametrize("groups", [None, 5])
+def test_channels_last_normalizations_split_alike(groups):
+    """The layout pass's channels-last twins (Candy's instance norms) split too: moments
+    over the pixels (and a group's channels), parameters along the last axis."""
+    x = Tensor("x", "float32", [2, 7, 5, 15])
+    scale, bias = random_array((15,), seed=2), random_array((15,), seed=3)
+    op, attrs = (("ChannelsLastInstanceNormalization", {}) if groups is None else
+                 ("ChannelsLastGroupNormalization", {"num_groups": groups}))
+    y = apply(op, [x, constant(scale, "scale"), constant(bias, "bias")],
+              {"epsilon": 1e-3, **attrs})[0]
+    split = fission(Graph.from_outputs([x], [y]))
+    assert set(op_types(split)) == MOMENTS | (set() if groups is None else {"Reshape"})
+    value = near_one((2, 7, 5, 15))
+    grouped = value.reshape(2, 35, groups or 15, -1).astype(np.float64)
+    mean = grouped.mean(axis=(1, 3), keepdims=True)
+    std = np.sqrt(((grouped - mean) ** 2).mean(axis=(1, 3), keepdims=True) + 1e-3)
+    expected = ((grouped - mean) / std).reshape(value.shape) * scale + bias
+    assert_close(compile_graph(split)(value)[0], expected.astype(np.float32),
+                 reduction=35 * 3, context=op)
+
+
+def test_a_group_normalization_of_a_symbolic_image_stays():
+    x = Tensor("x", "float32", [1, 6, "h", "w"])
+    scale, bias = (constant(np.ones(6, np.float32), n) for n in ("scale", "bias"))
+    y = apply("GroupNormalization", [x, scale, bias], {"num_groups": 2})[0]
+    assert op_types(fission(Graph.from_outputs([x], [y]))) == ["GroupNormalization"]
 
 
 def batch_norm_parameters():

@@ -67,9 +67,12 @@ class _Primitives:
     def per_channel(self, v: Tensor, rank: int, suffix: str) -> Tensor:
         """A vector of one value per channel, shaped to broadcast over axis 1 of a
         tensor of ``rank`` (C x 1 x ... x 1)."""
-        shape = constant(np.array([-1] + [1] * (rank - 2), np.int64),
-                         f"{self.node.name}/{suffix}_shape")
-        return self.op("Reshape", [v, shape], suffix)
+        return self.op("Reshape", [v, self.shape([-1] + [1] * (rank - 2), f"{suffix}_shape")],
+                       suffix)
+
+    def shape(self, dims: Sequence[int], suffix: str) -> Tensor:
+        """A Reshape's shape operand."""
+        return constant(np.array(dims, np.int64), f"{self.node.name}/{suffix}")
 
 
 def _axis(node: Operator, x: Tensor, default: int) -> int:
@@ -156,17 +159,50 @@ def _rms_norm(node: Operator, inputs: list) -> Sequence[Tensor]:
     return [p.op("Mul", [p.cast(y, scale.dtype, "scale_cast"), scale], "scaled")]
 
 
-def _instance_norm(node: Operator, inputs: list) -> Sequence[Tensor]:
+def _instance_norm(node: Operator, inputs: list, channels_last: bool = False
+                   ) -> Sequence[Tensor]:
     """Per sample and channel over the spatial axes, in float32 for half precision as
-    the definition does; scale and bias are per channel."""
+    the definition does; scale and bias are per channel. Channels-last (N x spatial x C,
+    as ``passes.channels_last`` leaves Candy's), the per-channel vectors broadcast along
+    the last axis as they are."""
     x, scale, bias = inputs[:3]
     p = _Primitives(node)
     work = accumulator(x.dtype)
-    _, centred, std = _moments(p, p.cast(x, work, "wide"), list(range(2, x.rank)),
-                               _epsilon(node))
-    scale = p.per_channel(p.cast(scale, work, "scale_wide"), x.rank, "scale_channels")
-    bias = p.per_channel(p.cast(bias, work, "bias_wide"), x.rank, "bias_channels")
+    spatial = list(range(1, x.rank - 1) if channels_last else range(2, x.rank))
+    _, centred, std = _moments(p, p.cast(x, work, "wide"), spatial, _epsilon(node))
+    scale, bias = p.cast(scale, work, "scale_wide"), p.cast(bias, work, "bias_wide")
+    if not channels_last:
+        scale = p.per_channel(scale, x.rank, "scale_channels")
+        bias = p.per_channel(bias, x.rank, "bias_channels")
     y = p.op("Mul", [p.op("Div", [centred, std], "normalized"), scale], "scaled")
+    return [p.cast(p.op("Add", [y, bias], "biased"), x.dtype, "narrow")]
+
+
+def _group_norm(node: Operator, inputs: list, channels_last: bool = False
+                ) -> Optional[Sequence[Tensor]]:
+    """The channels viewed as groups (a Reshape: N x G x rest, or N x pixels x G x C/G
+    channels-last), moments per sample and group, viewed back, then scaled and shifted
+    per channel. The views need the constant sizes of all but the batch; a symbolic image
+    keeps the node."""
+    x, scale, bias = inputs[:3]
+    sizes = x.shape[1:]
+    if not all(isinstance(d, int) for d in sizes):
+        return None
+    groups = int(node.attrs["num_groups"])
+    channels = sizes[-1] if channels_last else sizes[0]
+    p = _Primitives(node)
+    work = accumulator(x.dtype) if int(node.attrs.get("stash_type", 1)) == 1 else x.dtype
+    grouped = [0, -1, groups, channels // groups] if channels_last else [0, groups, -1]
+    view = p.op("Reshape", [p.cast(x, work, "wide"), p.shape(grouped, "grouped_shape")],
+                "grouped")
+    _, centred, std = _moments(p, view, [1, 3] if channels_last else [2], _epsilon(node))
+    normalized = p.op("Reshape", [p.op("Div", [centred, std], "normalized"),
+                                  p.shape([0, *sizes], "image_shape")], "image")
+    scale, bias = p.cast(scale, work, "scale_wide"), p.cast(bias, work, "bias_wide")
+    if not channels_last:
+        scale = p.per_channel(scale, x.rank, "scale_channels")
+        bias = p.per_channel(bias, x.rank, "bias_channels")
+    y = p.op("Mul", [normalized, scale], "scaled")
     return [p.cast(p.op("Add", [y, bias], "biased"), x.dtype, "narrow")]
 
 
@@ -278,6 +314,9 @@ RULES: dict[str, Rule] = {
     "LayerNormalization": _layer_norm,
     "RMSNormalization": _rms_norm,
     "InstanceNormalization": _instance_norm,
+    "ChannelsLastInstanceNormalization": lambda node, inputs: _instance_norm(node, inputs, True),
+    "GroupNormalization": _group_norm,
+    "ChannelsLastGroupNormalization": lambda node, inputs: _group_norm(node, inputs, True),
     "BatchNormalization": _batch_norm,
     "Gelu": _gelu,
     "HardSigmoid": _hard_sigmoid,

@@ -12,6 +12,7 @@ from onnx import helper
 import treadle
 from tests.frontend.onnx_models import make_model, tensor
 from tests.harness import assert_close, random_array, run_onnxruntime
+from treadle import compiler as compiler_module
 from treadle import ops
 from treadle.compiler import compile_graph
 from treadle.config import override
@@ -140,6 +141,32 @@ def test_a_value_is_recomputed_in_two_kernels_when_cheaper(monkeypatch, rows):
     y1, y2 = model(x)
     assert_close(y1, np.exp(x) @ w1, reduction=24)
     assert_close(y2, np.exp(x) @ w2, reduction=24)
+
+
+@pytest.mark.parametrize("orchestrated_faster", [True, False])
+def test_the_model_keeps_whichever_kernels_run_faster_in_it(monkeypatch, orchestrated_faster):
+    """Static shapes: the orchestrated and the greedily fused model are timed against
+    each other before one is kept, since kernels timed alone mislead."""
+    x = ops.input("x", "float32", [7, 24])
+    w1, w2 = random_array((24, 16), seed=1), random_array((24, 8), seed=2)
+    e = ops.op("Exp", x)
+    graph = ops.graph([x], [ops.matmul(e, ops.constant(w1)), ops.matmul(e, ops.constant(w2))],
+                      "shared_exponential_7")
+    given_costs(monkeypatch, writes_cost)
+    timed = []
+
+    def medians(runs, repeat, idle):
+        timed.append(sorted(runs))
+        return {"chosen": 1.0, "own": 2.0 if orchestrated_faster else 0.5}
+    monkeypatch.setattr(compiler_module, "interleaved_medians", medians)
+    model = compile_graph(graph, strategy="orchestrate")
+    own = compile_graph(graph)
+    assert timed == [["chosen", "own"]]
+    assert (len(model.steps) != len(own.steps)) == orchestrated_faster
+    xv = random_array((7, 24), seed=3)
+    y1, y2 = model(xv)
+    assert_close(y1, np.exp(xv) @ w1, reduction=24)
+    assert_close(y2, np.exp(xv) @ w2, reduction=24)
 
 
 @pytest.mark.parametrize("rows", [0, 1, 7, 61])

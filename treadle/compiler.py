@@ -94,10 +94,11 @@ def _compile_graph(graph: Graph, optimize_graph: bool, tune: int | str, strategy
         graph = optimize(graph, target.kind)
     planned, plans = plan_kernels(graph, strategy, tune)
     executable = _executable(planned, plans, tune, dynamic, target)
-    if planned is not graph:  # kernels chosen over the model's own operators' fusion
+    static_shapes = all(isinstance(d, int) for t in graph.inputs for d in t.shape)
+    if planned is not graph and static_shapes:  # kernels chosen over the model's own fusion
         with dump_folder("greedy fusion"):
             own = _executable(graph, greedy(graph), tune, dynamic, target)
-        executable = _faster_in_context(executable, own)
+        executable = _faster_in_context(executable, own, graph)
     return executable
 
 
@@ -143,31 +144,26 @@ def _executable(graph: Graph, plans: Sequence[KernelPlan], tune: int | str,
 CONTEXT_CALLS = 10
 
 
-def _faster_in_context(chosen: Executable, own: Executable) -> Executable:
-    """``chosen`` where it runs faster than ``own`` on inputs of the model's shapes
-    (random floats, zero integers), else ``own``; ``chosen`` where a size is symbolic or
-    the inputs fail a check of the model's."""
-    shapes = [chosen.slots[i].shape for i in chosen.inputs]
-    if any(not isinstance(d, int) for shape in shapes for d in shape):
-        return chosen
+def _faster_in_context(chosen: Executable, own: Executable, graph: Graph) -> Executable:
+    """``chosen`` where it runs faster than ``own`` on random inputs of ``graph``'s
+    constant shapes, else ``own``; ``chosen`` where the inputs fail a check of the
+    model's."""
+    from treadle.checker import random_input  # the checker compiles through this module
     rng = np.random.default_rng(0)
-    inputs = [rng.standard_normal(shape).astype(chosen.slots[i].dtype.numpy)
-              if chosen.slots[i].dtype.is_float
-              else np.zeros(shape, chosen.slots[i].dtype.numpy)
-              for i, shape in zip(chosen.inputs, shapes)]
+    inputs = [random_input(rng, t.dtype.numpy, t.shape) for t in graph.inputs]
     try:
         seconds = interleaved_medians({"chosen": lambda: chosen(*inputs),
                                        "own": lambda: own(*inputs)}, CONTEXT_CALLS, idle=0.0)
     except KernelError as err:  # a check the made-up inputs fail (an index out of range)
         log.info("orchestrated kernels kept untimed: %s", err)
         return chosen
-    log.info("orchestrated kernels %.3f ms, greedy fusion %.3f ms in the model",
-             seconds["chosen"] * 1e3, seconds["own"] * 1e3)
-    dump_text(("orchestrate", "in_context.txt"),
-              f"orchestrated {seconds['chosen'] * 1e3:.3f} ms, greedy fusion "
-              f"{seconds['own'] * 1e3:.3f} ms a call: "
-              f"{'orchestrated' if seconds['chosen'] < seconds['own'] else 'greedy fusion'}")
-    return chosen if seconds["chosen"] < seconds["own"] else own
+    keep = seconds["chosen"] < seconds["own"]
+    report = (f"orchestrated {seconds['chosen'] * 1e3:.3f} ms, greedy fusion "
+              f"{seconds['own'] * 1e3:.3f} ms a call in the model: keeping "
+              f"{'orchestrated kernels' if keep else 'greedy fusion'}")
+    log.info(report)
+    dump_text(("orchestrate", "in_context.txt"), report)
+    return chosen if keep else own
 
 
 def _tune_dynamic(plans: Sequence[KernelPlan], tune: int | str,
@@ -307,8 +303,7 @@ def build_functions(functions: Sequence[Function], name: str, target: CpuTarget 
                     ) -> dict[str, CompiledFunction]:
     """Lowers and builds functions in several shared objects at once, each group lowered
     while the groups before it compile."""
-    groups = [functions[r.start:r.stop]
-              for r in object_groups(len(functions), FUNCTIONS_PER_OBJECT)]
+    groups = object_groups(functions, FUNCTIONS_PER_OBJECT)
     lowered: list[list[Function]] = []
 
     def items():
@@ -330,7 +325,7 @@ def build_cuda_functions(functions: Sequence[Function], name: str, target: CudaT
     few cubins at once."""
     launched = {f.name: [lower(k, target) for k in launches(f)] for f in functions}
     names = list(launched)
-    groups = [names[r.start:r.stop] for r in object_groups(len(names), FUNCTIONS_PER_OBJECT)]
+    groups = object_groups(names, FUNCTIONS_PER_OBJECT)
     with ThreadPoolExecutor(max_workers=usable_cores()) as pool:
         binaries = list(pool.map(
             lambda item: build_cuda([k for n in item[1] for k in launched[n]], target,

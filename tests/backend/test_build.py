@@ -72,7 +72,7 @@ def test_flags_are_the_documented_ones():
 def test_functions_are_split_into_an_object_per_core_at_least(monkeypatch, count, cores,
                                                                most, sizes):
     monkeypatch.setattr(build_module, "usable_cores", lambda: cores)
-    groups = build_module.object_groups(count, most)
+    groups = build_module.object_groups(list(range(count)), most)
     assert [len(g) for g in groups] == sizes
     assert [k for g in groups for k in g] == list(range(count))
 

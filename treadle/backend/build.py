@@ -20,7 +20,7 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence, TypeVar
 
 from treadle.backend.elf import check_shared_object
 from treadle.config import config, usable_cores
@@ -36,6 +36,8 @@ from treadle.target.cpu import host
 BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno",
               "-fexcess-precision=standard", "-fno-tree-loop-distribute-patterns",
               "-Werror=implicit-function-declaration")
+
+T = TypeVar("T")
 
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
@@ -83,13 +85,13 @@ def build_many(items: Iterable[tuple]) -> list[Path]:
         return [future.result() for future in futures]
 
 
-def object_groups(count: int, most: int) -> list[range]:
-    """``count`` functions split into shared objects of at most ``most`` functions, in
-    as many objects as compilers run at once where there are enough functions: BERT's
-    model (23 functions, 180 KB of C) compiled in one object took 9 s on one core of two.
-    """
+def object_groups(items: Sequence[T], most: int) -> list[Sequence[T]]:
+    """``items`` (functions) split in order into shared objects of at most ``most``, in
+    as many objects as compilers run at once where there are enough items: BERT's model
+    (23 functions, 180 KB of C) compiled in one object took 9 s on one core of two."""
+    count = len(items)
     parts = max(-(-count // most), min(usable_cores(), count))
-    return [range(count * k // parts, count * (k + 1) // parts) for k in range(parts)]
+    return [items[count * k // parts:count * (k + 1) // parts] for k in range(parts)]
 
 
 def lock_for(key: str) -> threading.Lock:

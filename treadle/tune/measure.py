@@ -116,12 +116,12 @@ def _build(functions: Sequence[Function]) -> list[Path | None]:
     """The shared object holding each function, None where its group failed to build
     (each group lowered while the groups before it compile)."""
     items: list[tuple] = []
-    ranges = object_groups(len(functions), FUNCTIONS_PER_OBJECT)
+    grouped = object_groups(functions, FUNCTIONS_PER_OBJECT)
 
     def groups():
-        for r in ranges:
-            group = [lower(f) for f in functions[r.start:r.stop]]
-            items.append((generate(group), f"tune_{r.start}", exported_symbols(group)))
+        for k, functions_of in enumerate(grouped):
+            group = [lower(f) for f in functions_of]
+            items.append((generate(group), f"tune_{k}", exported_symbols(group)))
             yield items[-1]
     try:
         paths: list[Path | None] = list(build_many(groups()))
@@ -133,7 +133,7 @@ def _build(functions: Sequence[Function]) -> list[Path | None]:
             except CompileError as err:
                 log.warning("tuning: a group of candidates failed to compile:\n%s", err)
                 paths.append(None)
-    return [path for r, path in zip(ranges, paths) for _ in r]
+    return [path for group, path in zip(grouped, paths) for _ in group]
 
 
 def _run_child(job: Path, results: list, timeout: float, labels: Sequence[str]) -> set[int]:

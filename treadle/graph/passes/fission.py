@@ -170,12 +170,8 @@ def _instance_norm(node: Operator, inputs: list, channels_last: bool = False
     work = accumulator(x.dtype)
     spatial = list(range(1, x.rank - 1) if channels_last else range(2, x.rank))
     _, centred, std = _moments(p, p.cast(x, work, "wide"), spatial, _epsilon(node))
-    scale, bias = p.cast(scale, work, "scale_wide"), p.cast(bias, work, "bias_wide")
-    if not channels_last:
-        scale = p.per_channel(scale, x.rank, "scale_channels")
-        bias = p.per_channel(bias, x.rank, "bias_channels")
-    y = p.op("Mul", [p.op("Div", [centred, std], "normalized"), scale], "scaled")
-    return [p.cast(p.op("Add", [y, bias], "biased"), x.dtype, "narrow")]
+    normalized = p.op("Div", [centred, std], "normalized")
+    return [_scaled_per_channel(p, normalized, scale, bias, x.dtype, channels_last)]
 
 
 def _group_norm(node: Operator, inputs: list, channels_last: bool = False
@@ -198,12 +194,20 @@ def _group_norm(node: Operator, inputs: list, channels_last: bool = False
     _, centred, std = _moments(p, view, [1, 3] if channels_last else [2], _epsilon(node))
     normalized = p.op("Reshape", [p.op("Div", [centred, std], "normalized"),
                                   p.shape([0, *sizes], "image_shape")], "image")
+    return [_scaled_per_channel(p, normalized, scale, bias, x.dtype, channels_last)]
+
+
+def _scaled_per_channel(p: _Primitives, normalized: Tensor, scale: Tensor, bias: Tensor,
+                        dtype: DataType, channels_last: bool) -> Tensor:
+    """normalized * scale + bias in the work dtype of ``normalized``, then ``dtype``;
+    the vectors along axis 1, or as they are along the last axis channels-last."""
+    work, rank = normalized.dtype, normalized.rank
     scale, bias = p.cast(scale, work, "scale_wide"), p.cast(bias, work, "bias_wide")
     if not channels_last:
-        scale = p.per_channel(scale, x.rank, "scale_channels")
-        bias = p.per_channel(bias, x.rank, "bias_channels")
+        scale = p.per_channel(scale, rank, "scale_channels")
+        bias = p.per_channel(bias, rank, "bias_channels")
     y = p.op("Mul", [normalized, scale], "scaled")
-    return [p.cast(p.op("Add", [y, bias], "biased"), x.dtype, "narrow")]
+    return p.cast(p.op("Add", [y, bias], "biased"), dtype, "narrow")
 
 
 def _batch_norm(node: Operator, inputs: list) -> Sequence[Tensor]:

@@ -3,6 +3,7 @@ eager PyTorch and treadle's ONNX path.
 
     python bench/torch_models.py                        # five models, tune 0, 30 timed calls
     python bench/torch_models.py --models bert --tune 1
+    python bench/torch_models.py --models bert gpt2 --attention sdpa --no-dynamic
     python bench/torch_models.py --reduced --repeat 3   # the CI-sized models, to check it
 
 (from the repository root with PYTHONPATH=.:bench, or with treadle installed)
@@ -31,6 +32,7 @@ from treadle.timing import interleaved_medians, load_note
 
 MODELS = ("resnet50", "inception_v3", "mobilenet_v2", "bert", "gpt2")
 SYSTEMS = ("backend", "onnx path", "inductor", "eager")
+TRANSFORMERS = ("bert", "gpt2")
 DYNAMIC_LENGTHS = (16, 48, 80, 128)
 
 
@@ -49,7 +51,9 @@ def bench_model(name: str, args) -> dict:
     spec = exported(name, args.reduced)
     arrays = spec.random_inputs()
     tensors = [torch.from_numpy(a) for a in arrays.values()]
-    module = build(name, reduced=args.reduced)
+    transformer = name in TRANSFORMERS and args.attention is not None
+    module = build(name, reduced=args.reduced, **({"attention": args.attention} if transformer
+                                                   else {}))
     compiled = {"backend": torch.compile(module, backend="treadle",
                                          options={"tune": args.tune}),
                 "inductor": torch.compile(module), "eager": module}
@@ -129,6 +133,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=30, help="timed calls per system")
     parser.add_argument("--tune", type=int, default=0, choices=(0, 1, 2))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--attention", choices=("eager", "sdpa"),
+                        help="BERT's and GPT-2's attention in the torch systems (default the "
+                             "zoo's eager; the ONNX path keeps the zoo's file)")
     parser.add_argument("--no-dynamic", action="store_true", help="skip the dynamic BERT")
     args = parser.parse_args(argv)
     import torch

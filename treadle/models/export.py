@@ -149,16 +149,22 @@ def export_onnx(name: str, path, *, reduced: bool = False, batch: int = 1,
     return spec
 
 
-def build(name: str, *, reduced: bool = False):
+def build(name: str, *, reduced: bool = False, attention: str | None = None):
     """Zoo model ``name`` as the torch module that ``export_onnx`` writes: the same random
-    parameters (those the module note describes), in eval mode, for any batch size."""
+    parameters (those the module note describes), in eval mode, for any batch size.
+    ``attention`` picks a transformer's attention implementation ("eager", "sdpa")."""
     recipe = _recipe(name)
+    options = dict(recipe.reduced if reduced else recipe.full)
+    if attention is not None:
+        if recipe.family != "transformer":
+            raise ValueError(f"attention applies to the transformer models, not {name!r}")
+        options["attention"] = attention
     from treadle.models import require
     torch = require("torch")
     family = importlib.import_module(f"treadle.models.{recipe.family}")
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(SEED)
-        model = getattr(family, recipe.builder)(**(recipe.reduced if reduced else recipe.full))
+        model = getattr(family, recipe.builder)(**options)
         _randomize_affine(model)
         if recipe.family != "transformer":
             size = recipe.reduced_size if reduced else recipe.size

@@ -1,7 +1,9 @@
 """BERT-base and GPT-2 small, built from ``transformers`` configs with random weights.
 
-Both use the "eager" attention implementation, which exports as the classic explicit
-pattern (MatMul, scale, mask Add, Softmax, MatMul) rather than a fused attention call.
+Both use the "eager" attention implementation by default, which exports as the classic
+explicit pattern (MatMul, scale, mask Add, Softmax, MatMul); ``attention="sdpa"`` (what
+``transformers`` picks when not told) calls ``scaled_dot_product_attention`` instead,
+which torch's dynamo exporter writes as one Attention node from opset 23 on.
 The builders return a wrapper that takes the model's inputs positionally and returns a
 tuple, which is what ONNX export needs; it also records each input's range of values, so
 that random inputs are valid token ids, masks and segment ids.
@@ -37,12 +39,12 @@ class TupleModel(nn.Module):
 
 def bert(*, layers: int = 12, hidden: int = 768, heads: int = 12,
          intermediate: Optional[int] = None, vocab: int = 30522,
-         max_positions: int = 512) -> TupleModel:
+         max_positions: int = 512, attention: str = "eager") -> TupleModel:
     """BERT-base by default (with its pooler); ``intermediate`` defaults to 4 * hidden."""
     config = transformers.BertConfig(
         vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
         num_attention_heads=heads, intermediate_size=intermediate or 4 * hidden,
-        max_position_embeddings=max_positions, attn_implementation="eager")
+        max_position_embeddings=max_positions, attn_implementation=attention)
     ranges = {"input_ids": (0, vocab - 1), "attention_mask": (1, 1),
               "token_type_ids": (0, config.type_vocab_size - 1)}
     return TupleModel(transformers.BertModel(config), ranges,
@@ -50,12 +52,12 @@ def bert(*, layers: int = 12, hidden: int = 768, heads: int = 12,
 
 
 def gpt2(*, layers: int = 12, hidden: int = 768, heads: int = 12, vocab: int = 50257,
-         max_positions: int = 1024) -> TupleModel:
+         max_positions: int = 1024, attention: str = "eager") -> TupleModel:
     """GPT-2 small by default: the transformer without the LM head and without a KV
     cache. The all-ones attention mask is an explicit input, which export needs."""
     config = transformers.GPT2Config(
         vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads,
         n_positions=max_positions, bos_token_id=vocab - 1, eos_token_id=vocab - 1,
-        use_cache=False, attn_implementation="eager")
+        use_cache=False, attn_implementation=attention)
     ranges = {"input_ids": (0, vocab - 1), "attention_mask": (1, 1)}
     return TupleModel(transformers.GPT2Model(config), ranges, ("last_hidden_state",))

@@ -4,6 +4,8 @@
   the same dtype, resizes to the same size (by sizes, or by scales of 1);
 * Gemm becomes Transpose / MatMul / Mul / Add, so the matmul template and fusion see a
   plain MatMul and an element-wise epilogue;
+* Attention's common case becomes MatMul / Softmax / MatMul (``passes.attention``), for
+  the same reason;
 * BatchNormalization after a convolution with constant weights is folded into them;
   elsewhere it becomes a per-channel multiply-add;
 * a dense (or grouped GEMM) convolution with explicit padding reads a padded copy of its input
@@ -24,6 +26,7 @@ from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator, apply
 from treadle.errors import ModelError
 from treadle.graph.ops.transform import index_bounds, out_of_range
+from treadle.graph.passes.attention import decompose_attention
 from treadle.graph.passes.channels_last import grouped_gemm
 from treadle.graph.passes.fold_constants import small_contents
 from treadle.graph.rewrite import consumers, reapply, rewrite_graph, sole_reader
@@ -209,6 +212,7 @@ RULES: dict[str, Rule] = {
     "Cast": _same_dtype,
     "Resize": _same_size,
     "Gemm": _gemm,
+    "Attention": decompose_attention,
     "BatchNormalization": _batch_norm,
     "Conv": _conv_padding,
     "Mul": _mish,

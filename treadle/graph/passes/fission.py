@@ -42,7 +42,7 @@ def fission(graph: Graph) -> Graph:
     return rewrite_graph(graph, rule)
 
 
-class _Primitives:
+class Primitives:
     """Makes the primitives replacing one node, each named after it (``node/suffix``)."""
 
     def __init__(self, node: Operator):
@@ -82,10 +82,10 @@ def _axis(node: Operator, x: Tensor, default: int) -> int:
 # ---- softmax ------------------------------------------------------------------------------
 
 def _softmax_parts(node: Operator, x: Tensor
-                   ) -> tuple[_Primitives, Tensor, Tensor, Tensor]:
+                   ) -> tuple[Primitives, Tensor, Tensor, Tensor]:
     """x - max, its exponentials and their sum (keeping the axis): the maximum is
     subtracted so that exp never overflows."""
-    p, axes = _Primitives(node), [_axis(node, x, -1)]
+    p, axes = Primitives(node), [_axis(node, x, -1)]
     high = p.op("ReduceMax", [x], "max", axes=axes, keepdims=1)
     shifted = p.op("Sub", [x, high], "shifted")
     exps = p.op("Exp", [shifted], "exp")
@@ -104,7 +104,7 @@ def _log_softmax(node: Operator, inputs: list) -> Sequence[Tensor]:
 
 # ---- normalisations -----------------------------------------------------------------------
 
-def _moments(p: _Primitives, x: Tensor, axes: list[int], epsilon: float
+def _moments(p: Primitives, x: Tensor, axes: list[int], epsilon: float
              ) -> tuple[Tensor, Tensor, Tensor]:
     """The mean over ``axes``, x minus it, and sqrt(variance + epsilon); the variance is
     the mean of squared deviations, so a large mean costs no precision."""
@@ -130,7 +130,7 @@ def _layer_norm(node: Operator, inputs: list) -> Sequence[Tensor]:
     node asks for them, are the statistics (in the stash type, reduced axes kept)."""
     x, scale = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
-    p = _Primitives(node)
+    p = Primitives(node)
     axes = list(range(_axis(node, x, -1), x.rank))
     mean, centred, std = _moments(p, p.cast(x, _stash_type(node), "stash"), axes,
                                   _epsilon(node))
@@ -148,7 +148,7 @@ def _rms_norm(node: Operator, inputs: list) -> Sequence[Tensor]:
     """x / sqrt(mean(x²) + epsilon) in the stash type, rounded to x's dtype, times the
     scale (in the scale's dtype, as the definition does)."""
     x, scale = inputs[0], inputs[1]
-    p = _Primitives(node)
+    p = Primitives(node)
     axes = list(range(_axis(node, x, -1), x.rank))
     wide = p.cast(x, _stash_type(node), "stash")
     squares = p.op("Mul", [wide, wide], "squares")
@@ -166,7 +166,7 @@ def _instance_norm(node: Operator, inputs: list, channels_last: bool = False
     as ``passes.channels_last`` leaves Candy's), the per-channel vectors broadcast along
     the last axis as they are."""
     x, scale, bias = inputs[:3]
-    p = _Primitives(node)
+    p = Primitives(node)
     work = accumulator(x.dtype)
     spatial = list(range(1, x.rank - 1) if channels_last else range(2, x.rank))
     _, centred, std = _moments(p, p.cast(x, work, "wide"), spatial, _epsilon(node))
@@ -186,7 +186,7 @@ def _group_norm(node: Operator, inputs: list, channels_last: bool = False
         return None
     groups = int(node.attrs["num_groups"])
     channels = sizes[-1] if channels_last else sizes[0]
-    p = _Primitives(node)
+    p = Primitives(node)
     work = accumulator(x.dtype) if int(node.attrs.get("stash_type", 1)) == 1 else x.dtype
     grouped = [0, -1, groups, channels // groups] if channels_last else [0, groups, -1]
     view = p.op("Reshape", [p.cast(x, work, "wide"), p.shape(grouped, "grouped_shape")],
@@ -197,7 +197,7 @@ def _group_norm(node: Operator, inputs: list, channels_last: bool = False
     return [_scaled_per_channel(p, normalized, scale, bias, x.dtype, channels_last)]
 
 
-def _scaled_per_channel(p: _Primitives, normalized: Tensor, scale: Tensor, bias: Tensor,
+def _scaled_per_channel(p: Primitives, normalized: Tensor, scale: Tensor, bias: Tensor,
                         dtype: DataType, channels_last: bool) -> Tensor:
     """normalized * scale + bias in the work dtype of ``normalized``, then ``dtype``;
     the vectors along axis 1, or as they are along the last axis channels-last."""
@@ -215,7 +215,7 @@ def _batch_norm(node: Operator, inputs: list) -> Sequence[Tensor]:
     and shift = bias - mean * factor computed here when the statistics are constants;
     otherwise (x - mean) * factor + bias, factor computed on the channel vectors."""
     x, scale, bias, mean, var = inputs[:5]
-    p, eps = _Primitives(node), _epsilon(node)
+    p, eps = Primitives(node), _epsilon(node)
     if all(t.is_constant for t in (scale, bias, mean, var)):
         factor = scale.data.astype(np.float64) / np.sqrt(var.data.astype(np.float64) + eps)
         shift = bias.data.astype(np.float64) - mean.data.astype(np.float64) * factor
@@ -236,7 +236,7 @@ def _batch_norm(node: Operator, inputs: list) -> Sequence[Tensor]:
 def _gelu(node: Operator, inputs: list) -> Sequence[Tensor]:
     """0.5 x (1 + erf(x / sqrt 2)), or with approximate="tanh"
     0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x³)))."""
-    x, p = inputs[0], _Primitives(node)
+    x, p = inputs[0], Primitives(node)
     if node.attrs.get("approximate", "none") == "tanh":
         cube = p.op("Mul", [p.op("Mul", [x, x], "square"), x], "cube")
         cubic = p.op("Mul", [cube, p.constant(0.044715, x.dtype, "coefficient")], "cubic")
@@ -251,7 +251,7 @@ def _gelu(node: Operator, inputs: list) -> Sequence[Tensor]:
     return [p.op("Mul", [half_x, one_plus], "gelu")]
 
 
-def _hard_sigmoid_of(p: _Primitives, x: Tensor, alpha: float, beta: float) -> Tensor:
+def _hard_sigmoid_of(p: Primitives, x: Tensor, alpha: float, beta: float) -> Tensor:
     """max(0, min(1, alpha x + beta)), operands in the definition's order (which one a
     NaN comes from depends on it)."""
     line = p.op("Add", [p.op("Mul", [x, p.constant(alpha, x.dtype, "alpha")], "scaled"),
@@ -262,12 +262,12 @@ def _hard_sigmoid_of(p: _Primitives, x: Tensor, alpha: float, beta: float) -> Te
 
 def _hard_sigmoid(node: Operator, inputs: list) -> Sequence[Tensor]:
     alpha, beta = float(node.attrs.get("alpha", 0.2)), float(node.attrs.get("beta", 0.5))
-    return [_hard_sigmoid_of(_Primitives(node), inputs[0], alpha, beta)]
+    return [_hard_sigmoid_of(Primitives(node), inputs[0], alpha, beta)]
 
 
 def _hard_swish(node: Operator, inputs: list) -> Sequence[Tensor]:
     """x * HardSigmoid(x) with alpha 1/6 and beta 1/2."""
-    x, p = inputs[0], _Primitives(node)
+    x, p = inputs[0], Primitives(node)
     return [p.op("Mul", [x, _hard_sigmoid_of(p, x, 1 / 6, 0.5)], "hard_swish")]
 
 
@@ -275,7 +275,7 @@ def _hard_swish(node: Operator, inputs: list) -> Sequence[Tensor]:
 
 def _global_average_pool(node: Operator, inputs: list) -> Sequence[Tensor]:
     x = inputs[0]
-    return [_Primitives(node).op("ReduceMean", [x], "mean", axes=list(range(2, x.rank)),
+    return [Primitives(node).op("ReduceMean", [x], "mean", axes=list(range(2, x.rank)),
                                  keepdims=1)]
 
 
@@ -307,7 +307,7 @@ def _matmul(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
     e, s = divide.inputs
     if e.shape != scaled.shape or s.rank > e.rank or s.rank == 0 or s.shape[-1] != 1:
         return None
-    p = _Primitives(node)
+    p = Primitives(node)
     return [p.op("Div", [p.op("MatMul", [e, v], "unscaled"), s], "scaled")]
 
 

@@ -1,0 +1,170 @@
+"""The ONNX Attention node as the products and softmax it is made of.
+
+Attention (opset 23 on; torch's dynamo exporter writes one for every
+``scaled_dot_product_attention``, and treadle's torch frontend lowers that call to it) has
+one definition, ``graph.ops.attention``, which computes everything element by element: a
+rule-based kernel, 20-25x slower at BERT's and Segformer's sizes than the same attention
+as MatMul, Softmax and MatMul, whose products run on the matmul template and whose scale
+and mask fuse into the first product's stores.
+
+The common case becomes those operators:
+
+    S = Q Kᵀ · scale        K's heads repeated for grouped-query attention
+    S = S + bias            the float mask, or 0 / -inf from a boolean mask and the
+                            causal frontier (key j <= query i)
+    Y = softmax(S) V        a row whose bias is -inf everywhere gives zeros
+
+That case is float32 with one output, no past key or value, no ``nonpad_kv_seqlen``,
+softcap or sliding window, softmax in float32, and a mask as wide as the keys; any other
+node is left to its definition. Scaling the product once, rather than Q and K by the
+root of the scale each, differs in the last bit.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+from treadle.graph.operator import Operator
+from treadle.graph.ops.shape import dims_tensor
+from treadle.graph.passes.fission import Primitives
+from treadle.graph.tensor import Tensor, normalize_dim
+from treadle.ir import dtypes
+
+# Inputs the rewrite does not handle: past_key, past_value, nonpad_kv_seqlen.
+_STATEFUL = (4, 5, 6)
+
+
+def decompose_attention(node: Operator, inputs: list, readers=None
+                        ) -> Optional[Sequence[Tensor]]:
+    """The node as MatMul / Softmax / MatMul, or None where it keeps its definition."""
+    heads = _plain_heads(node, inputs)
+    if heads is None:
+        return None
+    hq, hkv = heads
+    p = Primitives(node)
+    q, k, v = (_four_d(p, t, h, what) for t, h, what in
+               ((inputs[0], hq, "q"), (inputs[1], hkv, "k"), (inputs[2], hkv, "v")))
+    if hq != hkv:
+        k, v = _repeat_heads(p, k, hq // hkv, "k"), _repeat_heads(p, v, hq // hkv, "v")
+    scores = p.op("MatMul", [q, p.op("Transpose", [k], "k_t", perm=[0, 1, 3, 2])], "qk")
+    scale = node.attrs.get("scale")
+    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    scores = p.op("Mul", [scores, p.constant(scale, dtypes.float32, "scale")], "scaled")
+    mask = inputs[3] if len(inputs) > 3 else None
+    bias = _bias(p, mask, bool(node.attrs.get("is_causal", 0)), q.shape[2], k.shape[2])
+    if bias is not None:
+        scores = p.op("Add", [scores, bias], "biased")
+    probs = p.op("Softmax", [scores], "softmax", axis=-1)
+    if mask is not None:
+        probs = _zero_masked_rows(p, probs, bias)
+    y = p.op("MatMul", [probs, v], "pv")
+    if inputs[0].rank == 3:
+        y = p.op("Transpose", [y], "y_t", perm=[0, 2, 1, 3])
+        y = p.op("Reshape", [y, p.shape([0, 0, hq * v.shape[3]], "y_shape")], "y")
+    return [y]
+
+
+def _plain_heads(node: Operator, inputs: list) -> Optional[tuple[int, int]]:
+    """(query heads, key heads) when the rewrite applies to ``node``, else None."""
+    q, k, v = (inputs + [None] * 3)[:3]
+    a = node.attrs
+    if (len(node.outputs) != 1 or q is None or k is None or v is None
+            or any(len(inputs) > i and inputs[i] is not None for i in _STATEFUL)
+            or float(a.get("softcap", 0.0)) != 0.0
+            or a.get("softmax_precision") not in (None, 1)
+            or int(a.get("left_window_size", -1)) != -1
+            or int(a.get("right_window_size", -1)) != -1
+            or any(t.dtype != dtypes.float32 for t in (q, k, v))
+            or not q.rank == k.rank == v.rank or q.rank not in (3, 4)):
+        return None
+    if q.rank == 4:
+        hq, hkv = normalize_dim(q.shape[1]), normalize_dim(k.shape[1])
+        if normalize_dim(v.shape[1]) != hkv:
+            return None
+    else:
+        hq, hkv = a.get("q_num_heads"), a.get("kv_num_heads")
+        if not isinstance(hq, int) or not isinstance(hkv, int) or hq < 1 or hkv < 1 \
+                or not all(_divides(h, t.shape[2]) for h, t in ((hq, q), (hkv, k), (hkv, v))):
+            return None
+    if not isinstance(hq, int) or not isinstance(hkv, int) or hq % hkv:
+        return None
+    if not _same_head_size(q, k, hq, hkv) or not _plain_mask(inputs, k):
+        return None
+    return hq, hkv
+
+
+def _divides(heads: int, hidden) -> bool:
+    hidden = normalize_dim(hidden)
+    return isinstance(hidden, int) and hidden % heads == 0
+
+
+def _same_head_size(q: Tensor, k: Tensor, hq: int, hkv: int) -> bool:
+    if q.rank == 4:
+        d_q, d_k = normalize_dim(q.shape[3]), normalize_dim(k.shape[3])
+    else:
+        d_q, d_k = normalize_dim(q.shape[2]) // hq, normalize_dim(k.shape[2]) // hkv
+    return isinstance(d_q, int) and d_q == d_k
+
+
+def _plain_mask(inputs: list, k: Tensor) -> bool:
+    """No mask, or a bool or float32 one covering exactly the keys."""
+    mask = inputs[3] if len(inputs) > 3 else None
+    if mask is None:
+        return True
+    keys = k.shape[1] if k.rank == 3 else k.shape[2]
+    return (1 <= mask.rank <= 4 and (mask.dtype.is_bool or mask.dtype == dtypes.float32)
+            and normalize_dim(mask.shape[-1]) == normalize_dim(keys))
+
+
+def _four_d(p: Primitives, x: Tensor, heads: int, what: str) -> Tensor:
+    """(batch, heads, sequence, head size), from the 3-D (batch, sequence, heads · size)."""
+    if x.rank == 4:
+        return x
+    size = normalize_dim(x.shape[2]) // heads
+    split = p.op("Reshape", [x, p.shape([0, 0, heads, size], f"{what}_heads")], f"{what}_split")
+    return p.op("Transpose", [split], f"{what}_4d", perm=[0, 2, 1, 3])
+
+
+def _repeat_heads(p: Primitives, x: Tensor, group: int, what: str) -> Tensor:
+    """Each of K's or V's heads ``group`` times in a row, as grouped-query attention
+    shares them between consecutive query heads."""
+    batch, heads, seq, size = x.shape
+    grown = p.op("Unsqueeze", [x, p.shape([2], f"{what}_axis")], f"{what}_unsqueeze")
+    wide = p.op("Expand", [grown, p.shape([1, 1, group, 1, 1], f"{what}_group")],
+                f"{what}_expand")
+    shape = dims_tensor([batch, heads * group, seq, size], f"{p.node.name}/{what}_shape")
+    return p.op("Reshape", [wide, shape], f"{what}_repeated")
+
+
+def _bias(p: Primitives, mask: Optional[Tensor], causal: bool, queries, keys
+          ) -> Optional[Tensor]:
+    """What is added to the scaled scores: the float mask where keys are allowed (or 0),
+    -inf where the boolean mask or the causal frontier forbids them; None without either."""
+    allowed = value = None
+    if mask is not None:
+        if mask.dtype.is_bool:
+            allowed = mask
+        else:
+            value = mask
+    if causal:
+        square = dims_tensor([queries, keys], f"{p.node.name}/causal_shape")
+        everywhere = p.op("Expand", [p.constant(True, dtypes.boolean, "true"), square],
+                          "causal_all")
+        frontier = p.op("Trilu", [everywhere], "causal", upper=0)
+        allowed = frontier if allowed is None else p.op("And", [allowed, frontier],
+                                                        "allowed")
+    if allowed is None:
+        return value
+    kept = value if value is not None else p.constant(0.0, dtypes.float32, "zero")
+    return p.op("Where", [allowed, kept, p.constant(-np.inf, dtypes.float32, "minus_inf")],
+                "bias")
+
+
+def _zero_masked_rows(p: Primitives, probs: Tensor, bias: Tensor) -> Tensor:
+    """Zeros for a query whose bias forbids every key (softmax would give NaN there)."""
+    high = p.op("ReduceMax", [bias], "bias_max", axes=[-1], keepdims=1)
+    closed = p.op("Equal", [high, p.constant(-np.inf, dtypes.float32, "closed")], "closed")
+    return p.op("Where", [closed, p.constant(0.0, dtypes.float32, "nothing"), probs],
+                "probs")

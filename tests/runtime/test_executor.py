@@ -217,3 +217,16 @@ def test_steps_that_read_before_a_write_are_found():
     assert [step.name for step, _ in trace] == [s.name for s in good.steps if s.kernel]
     final = trace[-1][1][good.outputs[0]]
     assert_close(final, np.maximum(value @ w.data, 0) @ w.data, reduction=64)
+
+
+def test_bfloat16_input_as_raw_bits_or_ml_dtypes():
+    """treadle's bfloat16 arrays are raw uint16 bits; ml_dtypes' bfloat16 arrays (what
+    ONNX's tools make) are taken as the same bits, and anything else is refused."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = Tensor("x", "bfloat16", [5])
+    model = compile_graph(Graph.from_outputs([x], apply("Add", [x, x])))
+    values = np.array([1.5, -2.0, 0.0, 3.25, 7.0], ml_dtypes.bfloat16)
+    for given in (values, values.view(np.uint16)):
+        assert np.array_equal(model(given)[0].view(ml_dtypes.bfloat16), values * 2)
+    with pytest.raises(DTypeError, match="'x'"):
+        model(values.astype(np.float32))

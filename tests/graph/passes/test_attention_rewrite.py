@@ -27,24 +27,27 @@ def op_types(shapes, attrs, dtypes=None) -> collections.Counter:
     return collections.Counter(node.op_type for node in graph.nodes)
 
 
-REWRITTEN = [  # (Q, K, V[, mask] shapes, attributes)
+REWRITTEN = [  # (Q, K, V[, mask] shapes, attributes[, dtypes])
     ([(2, 3, 7, 5), (2, 3, 11, 5), (2, 3, 11, 4)], {"scale": 0.3}),
+    ([(2, 3, 7, 5)] * 3 + [(7, 7)], {"softmax_precision": 1}, ["float16"] * 4),
+    ([(2, 3, 7, 5)] * 3, {"is_causal": 1}, ["bfloat16"] * 3),
     ([(1, 6, "s", 5), (1, 3, "s", 5), (1, 3, "s", 5)], {"is_causal": 1}),  # grouped
     ([(2, "s", 30), (2, "t", 10), (2, "t", 4)], {"q_num_heads": 6, "kv_num_heads": 2}),
     ([(2, 3, 7, 5), (2, 3, 11, 5), (2, 3, 11, 5), (2, 1, 7, 11)], {"is_causal": 1}),
 ]
 KEPT = [  # each outside the rewrite for one reason
     ([(2, 3, 7, 5)] * 3, {"softcap": 0.5}, None),
-    ([(2, 3, 7, 5)] * 3, {}, ["float16"] * 3),
+    ([(2, 3, 7, 5)] * 3, {"softmax_precision": 10}, None),  # float32 inputs, float16 softmax
+    ([(2, 3, 7, 5)] * 3 + [(7, 7)], {}, ["float16"] * 3 + ["float32"]),  # mixed mask
     ([(2, 3, 7, 5)] * 3, {"left_window_size": 2}, None),
     ([(2, 3, 7, 5)] * 3 + [(7, 4)], {}, None),  # a mask narrower than the keys
     ([(2, 3, 7, 5), (2, 3, 7, 5), (2, 3, 7, 5), None, (2, 3, 4, 5), (2, 3, 4, 5)], {}, None),
 ]
 
 
-@pytest.mark.parametrize("shapes,attrs", REWRITTEN)
-def test_common_case_becomes_two_products(shapes, attrs):
-    ops = op_types(shapes, attrs)
+@pytest.mark.parametrize("case", REWRITTEN)
+def test_common_case_becomes_two_products(case):
+    ops = op_types(*case)
     assert "Attention" not in ops and ops["MatMul"] == 2 and ops["Softmax"] == 1, ops
 
 
@@ -107,3 +110,16 @@ def test_symbolic_grouped_three_d_with_mask():
     for arrays, y in zip(runs, got):
         assert_close(y[0], reference(arrays, attrs)[0], reduction=arrays[2].shape[1],
                      context=f"queries {arrays[0].shape[1]}, keys {arrays[1].shape[1]}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_matches_the_definition(dtype, monkeypatch):
+    """Each step rounds to the inputs' type as the definition's does (the reference
+    evaluator has no bfloat16 Attention; the definition is checked against it in
+    float16 by the operator's tests)."""
+    arrays = inputs((2, 3, 7, 5), (2, 1, 9, 5), (2, 1, 9, 5), mask=(2, 1, 7, 9), dtype=dtype)
+    half = np.dtype(dtype)  # bfloat16 results are raw bits: seen as ml_dtypes' bfloat16
+    for attrs in ({"is_causal": 1}, {"softmax_precision": 1, "scale": 0.4}):
+        got, want = (a.view(half) for a in (treadle_run(arrays, attrs)[0][0],
+                                             composite_run(arrays, attrs, monkeypatch)))
+        assert_close(got, want, reduction=9, context=f"{dtype} {attrs}")

@@ -14,10 +14,12 @@ The common case becomes those operators:
                             causal frontier (key j <= query i)
     Y = softmax(S) V        a row whose bias is -inf everywhere gives zeros
 
-That case is float32 with one output, no past key or value, no ``nonpad_kv_seqlen``,
-softcap or sliding window, softmax in float32, and a mask as wide as the keys; any other
-node is left to its definition. Scaling the product once, rather than Q and K by the
-root of the scale each, differs in the last bit.
+That case is a float32, float16 or bfloat16 node with one output, no past key or value,
+no ``nonpad_kv_seqlen``, softcap or sliding window, and a mask as wide as the keys; any
+other node is left to its definition. Every step rounds to the inputs' type, as the
+definition does, and the softmax runs in float32 when ``softmax_precision`` asks for it.
+Scaling the product once, rather than Q and K by the root of the scale each, differs in
+the last bit.
 """
 from __future__ import annotations
 
@@ -28,12 +30,14 @@ import numpy as np
 
 from treadle.graph.operator import Operator
 from treadle.graph.ops.shape import dims_tensor
+from treadle.graph.ops.common import ONNX_DTYPES
 from treadle.graph.passes.fission import Primitives
 from treadle.graph.tensor import Tensor, normalize_dim
 from treadle.ir import dtypes
 
 # Inputs the rewrite does not handle: past_key, past_value, nonpad_kv_seqlen.
 _STATEFUL = (4, 5, 6)
+_FLOATS = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
 
 
 def decompose_attention(node: Operator, inputs: list, readers=None
@@ -51,12 +55,15 @@ def decompose_attention(node: Operator, inputs: list, readers=None
     scores = p.op("MatMul", [q, p.op("Transpose", [k], "k_t", perm=[0, 1, 3, 2])], "qk")
     scale = node.attrs.get("scale")
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    scores = p.op("Mul", [scores, p.constant(scale, dtypes.float32, "scale")], "scaled")
+    scores = p.op("Mul", [scores, p.constant(scale, q.dtype, "scale")], "scaled")
     mask = inputs[3] if len(inputs) > 3 else None
-    bias = _bias(p, mask, bool(node.attrs.get("is_causal", 0)), q.shape[2], k.shape[2])
+    bias = _bias(p, mask, bool(node.attrs.get("is_causal", 0)), q.shape[2], k.shape[2],
+                 q.dtype)
     if bias is not None:
         scores = p.op("Add", [scores, bias], "biased")
-    probs = p.op("Softmax", [scores], "softmax", axis=-1)
+    precision = _softmax_dtype(node, q.dtype)
+    probs = p.op("Softmax", [p.cast(scores, precision, "logits")], "softmax", axis=-1)
+    probs = p.cast(probs, q.dtype, "probs_rounded")
     if mask is not None:
         probs = _zero_masked_rows(p, probs, bias)
     y = p.op("MatMul", [probs, v], "pv")
@@ -73,10 +80,10 @@ def _plain_heads(node: Operator, inputs: list) -> Optional[tuple[int, int]]:
     if (len(node.outputs) != 1 or q is None or k is None or v is None
             or any(len(inputs) > i and inputs[i] is not None for i in _STATEFUL)
             or float(a.get("softcap", 0.0)) != 0.0
-            or a.get("softmax_precision") not in (None, 1)
             or int(a.get("left_window_size", -1)) != -1
             or int(a.get("right_window_size", -1)) != -1
-            or any(t.dtype != dtypes.float32 for t in (q, k, v))
+            or q.dtype not in _FLOATS or k.dtype != q.dtype or v.dtype != q.dtype
+            or _softmax_dtype(node, q.dtype) not in (q.dtype, dtypes.float32)
             or not q.rank == k.rank == v.rank or q.rank not in (3, 4)):
         return None
     if q.rank == 4:
@@ -95,6 +102,12 @@ def _plain_heads(node: Operator, inputs: list) -> Optional[tuple[int, int]]:
     return hq, hkv
 
 
+def _softmax_dtype(node: Operator, dtype):
+    """The type the softmax runs in: ``softmax_precision``'s, by default the inputs'."""
+    code = node.attrs.get("softmax_precision")
+    return dtype if code is None else ONNX_DTYPES.get(int(code))
+
+
 def _divides(heads: int, hidden) -> bool:
     hidden = normalize_dim(hidden)
     return isinstance(hidden, int) and hidden % heads == 0
@@ -109,12 +122,12 @@ def _same_head_size(q: Tensor, k: Tensor, hq: int, hkv: int) -> bool:
 
 
 def _plain_mask(inputs: list, k: Tensor) -> bool:
-    """No mask, or a bool or float32 one covering exactly the keys."""
+    """No mask, or a bool one or one of the inputs' type, covering exactly the keys."""
     mask = inputs[3] if len(inputs) > 3 else None
     if mask is None:
         return True
     keys = k.shape[1] if k.rank == 3 else k.shape[2]
-    return (1 <= mask.rank <= 4 and (mask.dtype.is_bool or mask.dtype == dtypes.float32)
+    return (1 <= mask.rank <= 4 and (mask.dtype.is_bool or mask.dtype == k.dtype)
             and normalize_dim(mask.shape[-1]) == normalize_dim(keys))
 
 
@@ -138,7 +151,7 @@ def _repeat_heads(p: Primitives, x: Tensor, group: int, what: str) -> Tensor:
     return p.op("Reshape", [wide, shape], f"{what}_repeated")
 
 
-def _bias(p: Primitives, mask: Optional[Tensor], causal: bool, queries, keys
+def _bias(p: Primitives, mask: Optional[Tensor], causal: bool, queries, keys, dtype
           ) -> Optional[Tensor]:
     """What is added to the scaled scores: the float mask where keys are allowed (or 0),
     -inf where the boolean mask or the causal frontier forbids them; None without either."""
@@ -157,14 +170,12 @@ def _bias(p: Primitives, mask: Optional[Tensor], causal: bool, queries, keys
                                                         "allowed")
     if allowed is None:
         return value
-    kept = value if value is not None else p.constant(0.0, dtypes.float32, "zero")
-    return p.op("Where", [allowed, kept, p.constant(-np.inf, dtypes.float32, "minus_inf")],
-                "bias")
+    kept = value if value is not None else p.constant(0.0, dtype, "zero")
+    return p.op("Where", [allowed, kept, p.constant(-np.inf, dtype, "minus_inf")], "bias")
 
 
 def _zero_masked_rows(p: Primitives, probs: Tensor, bias: Tensor) -> Tensor:
     """Zeros for a query whose bias forbids every key (softmax would give NaN there)."""
     high = p.op("ReduceMax", [bias], "bias_max", axes=[-1], keepdims=1)
-    closed = p.op("Equal", [high, p.constant(-np.inf, dtypes.float32, "closed")], "closed")
-    return p.op("Where", [closed, p.constant(0.0, dtypes.float32, "nothing"), probs],
-                "probs")
+    closed = p.op("Equal", [high, p.constant(-np.inf, bias.dtype, "closed")], "closed")
+    return p.op("Where", [closed, p.constant(0.0, probs.dtype, "nothing"), probs], "probs")

@@ -5,6 +5,7 @@
                                              # Segformer-B0, an EfficientViT block and the
                                              # six classifiers of treadle/models/vision.py
     python bench/check_models.py --reduced --models bert gpt2 --repeat 5
+    python bench/check_models.py --models bert gpt2 --attention sdpa --no-symbolic
 
 (with treadle installed, as in make's .venv, or from the repository root with PYTHONPATH=.)
 
@@ -78,7 +79,8 @@ def compile_timed(path: Path):
 
 
 def check_model(name: str, args) -> list[Row]:
-    spec = exported(name, args.reduced)
+    sdpa = args.attention if MODELS[name].family == "transformer" else None
+    spec = exported(name, args.reduced, attention=sdpa)
     compiled, seconds = compile_timed(spec.path)
     session = onnxruntime_session(spec.path, args.threads)
     return compare(name, compiled, session, spec.random_inputs(), args.repeat, seconds)
@@ -137,6 +139,10 @@ def main(argv=None) -> int:
                         help="compile into the user's kernel cache instead of a fresh one")
     parser.add_argument("--no-symbolic", action="store_true",
                         help="skip the BERT with a symbolic sequence axis")
+    parser.add_argument("--attention", choices=("sdpa",),
+                        help="BERT and GPT-2 calling scaled_dot_product_attention, exported "
+                             "by torch's dynamo exporter at opset 23 (one Attention node "
+                             "per layer)")
     args = parser.parse_args(argv)
 
     print(load_note(len(os.sched_getaffinity(0))), file=sys.stderr)

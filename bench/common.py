@@ -21,16 +21,17 @@ RELATIVE_TOLERANCE = 1e-3  # of relative_error, for an output to pass
 
 
 def exported(name: str, reduced: bool, dynamic_seq: bool = False, batch: int = 1,
-             dynamic_batch: bool = False) -> ModelSpec:
+             dynamic_batch: bool = False, attention: str | None = None) -> ModelSpec:
     """The model's ONNX file and spec, from the cache when it is newer than the zoo code."""
     stem = (name + ("-reduced" if reduced else "") + ("-seq" if dynamic_seq else "")
-            + ("-batch" if dynamic_batch else "") + (f"-b{batch}" if batch != 1 else ""))
+            + ("-batch" if dynamic_batch else "") + (f"-b{batch}" if batch != 1 else "")
+            + (f"-{attention}" if attention else ""))
     path, meta = OUT / f"{stem}.onnx", OUT / f"{stem}.spec.pkl"
     newest_source = max(p.stat().st_mtime for p in MODELS_SOURCE.glob("*.py"))
     if path.exists() and meta.exists() and meta.stat().st_mtime > newest_source:
         return pickle.loads(meta.read_bytes())
     spec = export_onnx(name, path, reduced=reduced, batch=batch, dynamic_seq=dynamic_seq,
-                       dynamic_batch=dynamic_batch)
+                       dynamic_batch=dynamic_batch, attention=attention)
     meta.write_bytes(pickle.dumps(spec))
     return spec
 

@@ -27,12 +27,11 @@ import treadle
 from common import enter_treadle_settings, exported, relative_error
 from models import _ratio, geomean
 from treadle.frontend import dynamo
-from treadle.models import build
+from treadle.models import MODELS as ZOO, build
 from treadle.timing import interleaved_medians, load_note
 
 MODELS = ("resnet50", "inception_v3", "mobilenet_v2", "bert", "gpt2")
 SYSTEMS = ("backend", "onnx path", "inductor", "eager")
-TRANSFORMERS = ("bert", "gpt2")
 DYNAMIC_LENGTHS = (16, 48, 80, 128)
 
 
@@ -51,7 +50,7 @@ def bench_model(name: str, args) -> dict:
     spec = exported(name, args.reduced)
     arrays = spec.random_inputs()
     tensors = [torch.from_numpy(a) for a in arrays.values()]
-    transformer = name in TRANSFORMERS and args.attention is not None
+    transformer = ZOO[name].family == "transformer" and args.attention is not None
     module = build(name, reduced=args.reduced, **({"attention": args.attention} if transformer
                                                    else {}))
     compiled = {"backend": torch.compile(module, backend="treadle",

@@ -18,6 +18,7 @@ import numpy as np
 
 SEED = 0
 OPSET = 17
+SDPA_OPSET = 23  # the first opset with an Attention operator
 CALIBRATION_BATCH = 4
 
 
@@ -119,14 +120,21 @@ CLASSIFIERS = ("cnn", "vision")
 
 
 def export_onnx(name: str, path, *, reduced: bool = False, batch: int = 1,
-                dynamic_seq: bool = False, dynamic_batch: bool = False) -> ModelSpec:
+                dynamic_seq: bool = False, dynamic_batch: bool = False,
+                attention: Optional[str] = None) -> ModelSpec:
     """Builds zoo model ``name`` (the full-size one, or the CI-sized one when ``reduced``)
     and writes it to ``path`` as ONNX (opset 17). With ``dynamic_seq`` a transformer's
     sequence axis is the symbolic dimension ``seq``; with ``dynamic_batch`` a CNN's batch
-    axis is ``batch`` (``batch`` is then the size of the example inputs)."""
+    axis is ``batch`` (``batch`` is then the size of the example inputs). With
+    ``attention="sdpa"`` a transformer calls ``scaled_dot_product_attention`` and is
+    written by torch's dynamo exporter at opset SDPA_OPSET, one Attention node per layer,
+    with fixed shapes."""
     recipe = _recipe(name)
-    if dynamic_seq and recipe.family != "transformer":
-        raise ValueError(f"dynamic_seq applies to the transformer models, not {name!r}")
+    if (dynamic_seq or attention is not None) and recipe.family != "transformer":
+        raise ValueError(f"dynamic_seq and attention apply to the transformer models, "
+                         f"not {name!r}")
+    if dynamic_seq and attention == "sdpa":
+        raise ValueError("the sdpa export has fixed shapes: no dynamic_seq")
     if dynamic_batch and recipe.family not in CLASSIFIERS:
         raise ValueError(f"dynamic_batch applies to the CNN models, not {name!r}")
     from treadle.models import require
@@ -136,7 +144,7 @@ def export_onnx(name: str, path, *, reduced: bool = False, batch: int = 1,
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer and deprecation chatter from the exporter
-        model = build(name, reduced=reduced)
+        model = build(name, reduced=reduced, attention=attention)
         if recipe.family == "transformer":
             spec = _token_spec(name, path, model, batch, size, dynamic_seq)
         else:
@@ -145,7 +153,7 @@ def export_onnx(name: str, path, *, reduced: bool = False, batch: int = 1,
                                            size), "float32")
             spec = ModelSpec(name, path, (image,), (output,),
                              {"batch": batch} if dynamic_batch else {})
-        _write(model, spec)
+        _write(model, spec, dynamo=attention == "sdpa")
     return spec
 
 
@@ -186,9 +194,14 @@ def _image_io(recipe: Recipe, model) -> tuple[str, int, str]:
     return model.input_name, model.in_channels, model.output_name
 
 
-def _write(model, spec: ModelSpec) -> None:
+def _write(model, spec: ModelSpec, dynamo: bool = False) -> None:
     import torch
     example = tuple(torch.from_numpy(a) for a in spec.random_inputs().values())
+    if dynamo:
+        torch.onnx.export(model, example, str(spec.path), dynamo=True,
+                          opset_version=SDPA_OPSET, input_names=spec.input_names,
+                          output_names=list(spec.outputs))
+        return
     axes = _dynamic_axes(spec)
     torch.onnx.export(
         model, example, str(spec.path), dynamo=False, opset_version=OPSET,

@@ -17,12 +17,13 @@ from treadle.graph.tensor import Tensor
 pytest.importorskip("onnxruntime")
 
 NAMES = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
+OUTPUTS = ["Y", "present_key", "present_value", "qk_matmul_output"]
 
 
-def op_types(shapes, attrs, dtypes=None) -> collections.Counter:
+def op_types(shapes, attrs, dtypes=None, outputs=1) -> collections.Counter:
     dtypes = dtypes or ["float32"] * len(shapes)
     tensors = [None if s is None else Tensor(n, d, s) for n, s, d in zip(NAMES, shapes, dtypes)]
-    y = apply("Attention", tensors, attrs)
+    y = apply("Attention", tensors, attrs, output_names=OUTPUTS[:outputs])
     graph = optimize(Graph.from_outputs([t for t in tensors if t is not None], y))
     return collections.Counter(node.op_type for node in graph.nodes)
 
@@ -31,17 +32,20 @@ REWRITTEN = [  # (Q, K, V[, mask] shapes, attributes[, dtypes])
     ([(2, 3, 7, 5), (2, 3, 11, 5), (2, 3, 11, 4)], {"scale": 0.3}),
     ([(2, 3, 7, 5)] * 3 + [(7, 7)], {"softmax_precision": 1}, ["float16"] * 4),
     ([(2, 3, 7, 5)] * 3, {"is_causal": 1}, ["bfloat16"] * 3),
+    ([(1, 4, "s", 5), (1, 2, "s", 5), (1, 2, "s", 5), None, (1, 2, "p", 5), (1, 2, "p", 5)],
+     {"is_causal": 1}, None, 3),  # a symbolic cache, and its present outputs
     ([(1, 6, "s", 5), (1, 3, "s", 5), (1, 3, "s", 5)], {"is_causal": 1}),  # grouped
     ([(2, "s", 30), (2, "t", 10), (2, "t", 4)], {"q_num_heads": 6, "kv_num_heads": 2}),
     ([(2, 3, 7, 5), (2, 3, 11, 5), (2, 3, 11, 5), (2, 1, 7, 11)], {"is_causal": 1}),
 ]
 KEPT = [  # each outside the rewrite for one reason
     ([(2, 3, 7, 5)] * 3, {"softcap": 0.5}, None),
+    ([(2, 3, 7, 5)] * 3, {}, None, 4),  # qk_matmul_output asked for
     ([(2, 3, 7, 5)] * 3, {"softmax_precision": 10}, None),  # float32 inputs, float16 softmax
     ([(2, 3, 7, 5)] * 3 + [(7, 7)], {}, ["float16"] * 3 + ["float32"]),  # mixed mask
     ([(2, 3, 7, 5)] * 3, {"left_window_size": 2}, None),
     ([(2, 3, 7, 5)] * 3 + [(7, 4)], {}, None),  # a mask narrower than the keys
-    ([(2, 3, 7, 5), (2, 3, 7, 5), (2, 3, 7, 5), None, (2, 3, 4, 5), (2, 3, 4, 5)], {}, None),
+    ([(2, 3, 7, 5)] * 3 + [None, None, None, (2,)], {}, ["float32"] * 6 + ["int64"]),
 ]
 
 
@@ -51,9 +55,9 @@ def test_common_case_becomes_two_products(case):
     assert "Attention" not in ops and ops["MatMul"] == 2 and ops["Softmax"] == 1, ops
 
 
-@pytest.mark.parametrize("shapes,attrs,dtypes", KEPT)
-def test_other_cases_keep_the_node(shapes, attrs, dtypes):
-    assert op_types(shapes, attrs, dtypes)["Attention"] == 1
+@pytest.mark.parametrize("case", KEPT)
+def test_other_cases_keep_the_node(case):
+    assert op_types(*case)["Attention"] == 1
 
 
 def composite_run(arrays, attrs, monkeypatch):
@@ -123,3 +127,26 @@ def test_half_precision_matches_the_definition(dtype, monkeypatch):
         got, want = (a.view(half) for a in (treadle_run(arrays, attrs)[0][0],
                                              composite_run(arrays, attrs, monkeypatch)))
         assert_close(got, want, reduction=9, context=f"{dtype} {attrs}")
+
+
+@pytest.mark.parametrize("attrs", [{"is_causal": 1}, {"q_num_heads": 4, "kv_num_heads": 2}])
+def test_cache_of_any_length(attrs):
+    """Compiled once with symbolic new and past lengths (a decoder's KV cache), run with
+    no past, one key of past and a long one; the present outputs are the concatenations."""
+    three_d = "q_num_heads" in attrs
+    def shapes(m, past):
+        if three_d:
+            return [(2, m, 20), (2, m, 10), (2, m, 12), None, (2, 2, past, 5), (2, 2, past, 6)]
+        return [(2, 4, m, 5), (2, 2, m, 5), (2, 2, m, 6), None, (2, 2, past, 5),
+                (2, 2, past, 6)]
+    runs = []
+    for m, past in ((7, 0), (1, 1), (3, 29)):
+        arrays = [None if s is None else random_array(s, seed=k + m + past)
+                  for k, s in enumerate(shapes(m, past))]
+        runs.append(arrays)
+    got = treadle_run(runs[0], attrs, num_outputs=3, shapes=shapes("m", "p"),
+                      calls=runs[1:])
+    for arrays, outputs in zip(runs, got):
+        for k, (a, e) in enumerate(zip(outputs, reference(arrays, attrs, num_outputs=3))):
+            assert_close(a, e, reduction=arrays[4].shape[2] + arrays[1].shape[-2],
+                         context=f"{arrays[0].shape} past {arrays[4].shape[2]} output {k}")

@@ -177,6 +177,10 @@ def test_export_rejects_what_it_cannot_build(zoo):
         export_onnx("resnet50", zoo / "r.onnx", reduced=True, dynamic_seq=True)
     with pytest.raises(ValueError, match="dynamic_batch applies to the CNN"):
         export_onnx("bert", zoo / "b.onnx", reduced=True, dynamic_batch=True)
+    with pytest.raises(ValueError, match="attention applies to the transformer"):
+        export_onnx("resnet50", zoo / "r.onnx", reduced=True, attention="sdpa")
+    with pytest.raises(ValueError, match="fixed shapes"):
+        export_onnx("bert", zoo / "b.onnx", reduced=True, dynamic_seq=True, attention="sdpa")
 
 
 def test_missing_torch_names_the_extra(monkeypatch):

@@ -130,9 +130,8 @@ def export_onnx(name: str, path, *, reduced: bool = False, batch: int = 1,
     written by torch's dynamo exporter at opset SDPA_OPSET, one Attention node per layer,
     with fixed shapes."""
     recipe = _recipe(name)
-    if (dynamic_seq or attention is not None) and recipe.family != "transformer":
-        raise ValueError(f"dynamic_seq and attention apply to the transformer models, "
-                         f"not {name!r}")
+    if dynamic_seq and recipe.family != "transformer":
+        raise ValueError(f"dynamic_seq applies to the transformer models, not {name!r}")
     if dynamic_seq and attention == "sdpa":
         raise ValueError("the sdpa export has fixed shapes: no dynamic_seq")
     if dynamic_batch and recipe.family not in CLASSIFIERS:

@@ -31,8 +31,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from treadle.graph.operator import Operator
-from treadle.graph.ops.shape import dims_tensor
 from treadle.graph.ops.common import ONNX_DTYPES
+from treadle.graph.ops.shape import dims_tensor
 from treadle.graph.passes.fission import Primitives
 from treadle.graph.tensor import Tensor, normalize_dim
 from treadle.ir import dtypes

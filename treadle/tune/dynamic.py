@@ -35,8 +35,10 @@ A kernel whose sizes hold a symbol with a declared range (``compile(..., dynamic
    (``_Tuning.anchored``), so the model only carries them between the timed sizes.
 4. **Variants.** Among measured candidates, the one with the least weighted total time
    over the range (each size's time relative to the fastest candidate's there), then
-   greedily the one that lowers the total most, among those at least MIN_GAIN faster
-   than the chosen ones at some size, up to MAX_VARIANTS.
+   greedily, among those at least MIN_GAIN faster than the chosen ones at some size and
+   up to MAX_VARIANTS, the one that helps most the size left furthest over MIN_GAIN
+   slower than its fastest candidate while there is one, then the one that lowers the
+   total most.
 5. **Dispatch.** A decision tree learns which variant the model picks at every size of
    the range (every integer, weighted), and becomes an if-tree on the symbols in front of
    the variants, in the kernel's own C (``schedule.dispatch``): dispatch costs a few

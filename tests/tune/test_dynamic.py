@@ -183,3 +183,193 @@ def test_a_size_left_slow_is_served_before_totals(monkeypatch):
     assert select_variants(times, weights) == [0, 2]
     # A size of no weight is not served: candidate 1, fastest at the others, runs alone.
     assert select_variants(times, np.array([0, 0.2, 0.2, 0.2, 0.2, 0.2])) == [1]
+
+
+# ---- the decision tree and its dispatcher ----------------------------------------------------
+
+def _step_tree() -> Tree:
+    values = np.arange(1, 101)[:, None]
+    labels = np.select([values[:, 0] <= 5, values[:, 0] <= 37, values[:, 0] <= 64], [2, 0, 1], 3)
+    return fit_tree(["seq"], values, labels, np.full(100, 0.01)), values, labels
+
+
+def test_the_tree_learns_the_choices_and_drops_useless_splits():
+    tree, values, labels = _step_tree()
+    assert [tree.predict({"seq": int(v)}) for v in values[:, 0]] == labels.tolist()
+    assert sum(1 for n in tree.nodes if n[0] < 0) == 4
+    single = fit_tree(["seq"], values, np.zeros(100, int), np.full(100, 0.01))
+    assert single.nodes == ((-1, 0, -1, -1),)
+
+
+def _constant_kernel(value: int) -> Kernel:
+    with FunctionBuilder(f"variant{value}") as fb:
+        fb.symbol("seq")
+        out = fb.param("y0", "int32", [1])
+        fb.store(out, [0], value)
+    return Kernel(fb.function, (), ())
+
+
+def test_the_dispatcher_in_c_agrees_with_the_tree_and_clamps_outside_the_range():
+    tree, values, _ = _step_tree()
+    kernel = dispatching_kernel([_constant_kernel(v) for v in range(4)], tree.nodes,
+                                tree.symbols, "dispatch")
+    function = compile_function(kernel.function)
+    out = np.zeros(1, np.int32)
+    for seq in [0, *values[:, 0].tolist(), 101, 10**6]:
+        function(out, seq=seq)
+        expected = tree.predict({"seq": min(max(seq, 1), 100)})
+        assert out[0] == expected, seq
+
+
+# ---- whole compiles --------------------------------------------------------------------------
+
+def _dense_and_attention():
+    """A dense layer with a bias and ReLU as epilogue (a constant right factor) and an
+    attention-like product with seq on both sides."""
+    x = ops.input("x", "float32", [1, "seq", 48])
+    w = ops.constant(random_array((48, 40), seed=1))
+    b = ops.constant(random_array((40,), seed=2))
+    h = ops.relu(ops.add(ops.matmul(x, w), b))
+    scores = ops.matmul(h, ops.transpose(h, [0, 2, 1]))
+    return ops.graph([x], [h, scores], name="dynamic")
+
+
+def _reference(a: np.ndarray) -> list[np.ndarray]:
+    w, b = random_array((48, 40), seed=1), random_array((40,), seed=2)
+    h = np.maximum(a @ w + b, 0)
+    return [h, h @ h.transpose(0, 2, 1)]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    with override(cache_dir=tmp_path_factory.mktemp("dynamic-cache")):
+        yield
+
+
+# (label, timed cold) of each run, per call measuring the fixture's model
+MEASURING_CALLS: list[list[tuple[str, bool]]] = []
+
+
+@pytest.fixture(scope="module")
+def dynamic_model(cache):
+    real = dynamic.measure_functions
+
+    def counted(functions, **kwargs):
+        MEASURING_CALLS.append(list(zip(kwargs["labels"], kwargs["cold"], strict=True)))
+        return real(functions, **kwargs)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dynamic, "measure_functions", counted)
+        return treadle.compile(_dense_and_attention(), dynamic={"seq": (1, 127)})
+
+
+def test_a_model_measures_its_dynamic_kernels_together(dynamic_model):
+    """Each round of measuring takes the candidates of both kernels at once, so a model
+    starts the compiler and the measuring child twice, not twice per kernel."""
+    assert 1 <= len(MEASURING_CALLS) <= 2
+    kernels = {_kernel_of(label) for label, _ in MEASURING_CALLS[0]}
+    assert len(kernels) == 2, kernels
+
+
+def test_weights_are_timed_cold_and_activations_in_cache(dynamic_model):
+    """The dense layer's laid-out weights come from memory in a model's call; the
+    attention product reads only what the layer before has just written."""
+    cold = {}
+    for label, flag in (run for call in MEASURING_CALLS for run in call):
+        cold.setdefault(_kernel_of(label), set()).add(flag)
+    dense, attention = sorted(cold)  # k0 is the dense layer, then the product
+    assert cold[dense] == {True} and cold[attention] == {False}, cold
+
+
+def _kernel_of(label: str) -> str:
+    return label.removeprefix("of ").split(" (")[0]
+
+
+@pytest.mark.parametrize("seq", [0, *SIZES, 128, 300])
+def test_a_dynamic_model_matches_numpy_in_and_out_of_its_range(dynamic_model, seq):
+    a = random_array((1, seq, 48), seed=seq)
+    for got, want in zip(dynamic_model(a), _reference(a)):
+        assert_close(got, want, reduction=48, context=f"seq={seq}")
+
+
+def test_every_variant_matches_numpy(cache, dynamic_model, monkeypatch):
+    """Each variant in turn is made the dispatcher's only choice."""
+    real = compiler.choose_dynamic
+    counts = []
+
+    def forced(*args, **kwargs):
+        choice = real(*args, **kwargs)
+        counts.append(len(choice.configs))
+        only = min(variant, len(choice.configs) - 1)  # kernels may have fewer variants
+        leaf = Tree(choice.tree.symbols, ((-1, only, -1, -1),))
+        return dynamic.DynamicChoice(choice.template, choice.configs, choice.resolved, leaf,
+                                     choice.source)
+    monkeypatch.setattr(compiler, "choose_dynamic", forced)
+    variant, seen = 0, 1
+    while variant < seen:
+        counts.clear()
+        model = treadle.compile(_dense_and_attention(), dynamic={"seq": (1, 127)})
+        seen = max(counts)
+        for seq in SIZES:
+            a = random_array((1, seq, 48), seed=seq)
+            for got, want in zip(model(a), _reference(a)):
+                assert_close(got, want, reduction=48, context=f"variant {variant}, seq={seq}")
+        variant += 1
+    assert seen >= 1
+
+
+def test_a_histogram_of_sizes_tunes_for_those_sizes(cache):
+    model = treadle.compile(_dense_and_attention(), dynamic={"seq": {3: 1.0, 40: 2.0}})
+    for seq in (1, 3, 20, 40, 41):
+        a = random_array((1, seq, 48), seed=seq)
+        for got, want in zip(model(a), _reference(a)):
+            assert_close(got, want, reduction=48, context=f"seq={seq}")
+
+
+def test_a_second_compile_measures_nothing(cache, dynamic_model, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("measured again")
+    monkeypatch.setattr(dynamic, "measure_functions", refuse)
+    model = treadle.compile(_dense_and_attention(), dynamic={"seq": (1, 127)})
+    a = random_array((1, 61, 48))
+    assert_close(model(a)[0], _reference(a)[0], reduction=48)
+
+
+def test_a_damaged_record_is_tuned_again(cache, dynamic_model, caplog, tmp_path):
+    with override(cache_dir=tmp_path):
+        treadle.compile(_dense_and_attention(), dynamic={"seq": (1, 16)})
+        records = [p for p in records_dir().glob("*.json")
+                   if json.loads(p.read_text())["format"] == dynamic.FORMAT]
+        assert records
+        for path in records:
+            data = json.loads(path.read_text())
+            data["tree"]["nodes"] = [[0, 3, 0, 0]]  # a loop back to the root
+            path.write_text(json.dumps(data))
+        with caplog.at_level(logging.WARNING, logger="treadle.tune.dynamic"):
+            model = treadle.compile(_dense_and_attention(), dynamic={"seq": (1, 16)})
+        assert "ignoring unusable tuning record" in caplog.text
+        a = random_array((1, 7, 48))
+        assert_close(model(a)[1], _reference(a)[1], reduction=48)
+
+
+def test_a_saved_dynamic_model_dispatches_without_scikit_learn(dynamic_model, tmp_path):
+    dynamic_model.save(tmp_path / "model")
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["sklearn"] = None  # any import of scikit-learn fails
+        import numpy as np
+        import treadle
+        model = treadle.load({str(tmp_path / "model")!r})
+        for seq in {SIZES}:
+            a = np.random.default_rng(seq).uniform(-1, 1, (1, seq, 48)).astype("float32")
+            np.save({str(tmp_path)!r} + f"/in{{seq}}.npy", a)
+            np.save({str(tmp_path)!r} + f"/out{{seq}}.npy", model(a)[1])
+        print("sklearn" in sys.modules and sys.modules["sklearn"] is not None)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(treadle.__file__).resolve().parents[1])}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+    for seq in SIZES:
+        a = np.load(tmp_path / f"in{seq}.npy")
+        assert_close(np.load(tmp_path / f"out{seq}.npy"), _reference(a)[1], reduction=48)

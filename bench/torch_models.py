@@ -50,9 +50,8 @@ def bench_model(name: str, args) -> dict:
     spec = exported(name, args.reduced)
     arrays = spec.random_inputs()
     tensors = [torch.from_numpy(a) for a in arrays.values()]
-    transformer = ZOO[name].family == "transformer" and args.attention is not None
-    module = build(name, reduced=args.reduced, **({"attention": args.attention} if transformer
-                                                   else {}))
+    attention = args.attention if ZOO[name].family == "transformer" else None
+    module = build(name, reduced=args.reduced, attention=attention)
     compiled = {"backend": torch.compile(module, backend="treadle",
                                          options={"tune": args.tune}),
                 "inductor": torch.compile(module), "eager": module}

@@ -231,10 +231,11 @@ class Executable:
         if not isinstance(value, np.ndarray):
             raise ArgumentError(f"input {slot.name!r}: expected a numpy array, got "
                                 f"{type(value).__name__}")
-        if value.dtype.name == "bfloat16" and slot.dtype.scalar.name == "bfloat16":
-            value = value.view(np.uint16)  # ml_dtypes' bfloat16 (ONNX's tools): its bits
         if value.dtype != slot.dtype.numpy:
-            raise DTypeError(f"input {slot.name!r}: expected dtype {slot.dtype}, got {value.dtype}")
+            if value.dtype.name != "bfloat16" or slot.dtype.scalar.name != "bfloat16":
+                raise DTypeError(f"input {slot.name!r}: expected dtype {slot.dtype}, "
+                                 f"got {value.dtype}")
+            value = value.view(np.uint16)  # ml_dtypes' bfloat16 (ONNX's tools): its bits
         if value.ndim != len(slot.shape):
             raise ShapeError(f"input {slot.name!r}: expected rank {len(slot.shape)} "
                              f"{_format(slot.shape)}, got shape {value.shape}")

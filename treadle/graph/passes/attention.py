@@ -93,7 +93,7 @@ def _input(inputs: list, index: int) -> Optional[Tensor]:
 
 def _plain_heads(node: Operator, inputs: list) -> Optional[tuple[int, int]]:
     """(query heads, key heads) when the rewrite applies to ``node``, else None."""
-    q, k, v = (inputs + [None] * 3)[:3]
+    q, k, v = (_input(inputs, i) for i in range(3))
     a = node.attrs
     if (len(node.outputs) not in (1, 3) or q is None or k is None or v is None
             or _input(inputs, 6) is not None or not _plain_past(inputs, q.dtype)

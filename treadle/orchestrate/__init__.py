@@ -10,7 +10,8 @@ graph.
    (``orchestrate.states``) that treadle can build as one kernel
    (``orchestrate.primitives``), each writing either every result read outside it or
    only its last ones; the greedy plan's kernels, mapped onto the primitives, are
-   candidates too.
+   candidates too, and so is each attention as one kernel, alone and with the greedy
+   kernels' work around it (too large for the enumeration, and never cut by a part).
 4. Candidates the roofline puts above their primitives run alone are dropped; the rest,
    most promising first and at most ``MAX_MEASURED`` per part, are built and measured
    (``orchestrate.cost``; cached, so identical layers are measured once).
@@ -32,7 +33,7 @@ import hashlib
 import importlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -44,8 +45,8 @@ from treadle.graph.passes.fission import fission
 from treadle.graph.tensor import Tensor
 from treadle.orchestrate.blp import TIME_LIMIT_S, Infeasible, Option, run_order, solve
 from treadle.orchestrate.cost import OrchestrationCache, estimate
-from treadle.orchestrate.primitives import (NotAKernel, PrimitiveGraph, kernel_plan,
-                                            writes_of)
+from treadle.orchestrate.primitives import (NotAKernel, PrimitiveGraph, attention_core,
+                                            kernel_plan, writes_of)
 from treadle.orchestrate.states import (bits, candidate_kernels, cheapest_path,
                                         execution_states)
 from treadle.target.cpu import CpuTarget, host
@@ -66,6 +67,9 @@ class Candidate:
     estimate: float
     full: bool  # writes every result read outside it: one step of a plan without recomputing
     greedy: bool = False
+    # Always measured, as greedy's kernels are: one attention, both products and the
+    # softmax between them (no enumerated set is that large).
+    attention: bool = False
     cost: float | None = None
 
 
@@ -115,7 +119,8 @@ def orchestrate(graph: Graph, tune: int | str = 0, target: CpuTarget | None = No
     summary = Summary(primitives=len(pg.ops))
     plans: list[KernelPlan] = []
     reports, texts = [], []
-    for part in _parts(pg, seeds):
+    attentions = _attention_spans(pg, seeds)
+    for part in _parts(pg, seeds + [(m, ()) for m in attentions]):
         texts.append(_part_text(pg, part, tune))
         try:
             chosen, report = _part_plans(pg, part, texts[-1], seeds, composites, measure,
@@ -204,9 +209,12 @@ def _part_text(pg: PrimitiveGraph, part: int, tune: int | str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _source_digest() -> str:
-    """The orchestrator's and fission's source: a change to either chooses anew."""
+    """The source of the orchestrator, fission and the fused attention kernel: a change to
+    any chooses anew."""
     package = Path(__file__).resolve().parent
-    files = sorted(package.glob("*.py")) + [package.parent / "graph" / "passes" / "fission.py"]
+    files = sorted(package.glob("*.py")) + [
+        package.parent / "graph" / "passes" / "fission.py",
+        package.parent / "schedule" / "templates" / "attention_cpu.py"]
     return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
 
 
@@ -345,6 +353,7 @@ def _orchestrate_part(pg: PrimitiveGraph, part: int, seeds, extra, measure: Meas
     start = time.perf_counter()
     required = _required(pg, part)
     candidates, states = _candidates(pg, part, seeds, extra, required)
+    candidates[len(candidates):] = _attention_candidates(pg, part, seeds, required, candidates)
     _measure(candidates, measure)
     usable = [c for c in candidates if c.cost is not None]
     written = {id(t) for p in bits(part) for t in pg.ops[p].outputs}
@@ -466,6 +475,78 @@ def _candidates(pg: PrimitiveGraph, part: int, seeds, extra, required: set[int]
     kept.sort(key=lambda c: (not c.greedy, c.members.bit_count() != 1, -saving[id(c)]))
     return kept[:max(MAX_MEASURED, sum(1 for c in kept if c.greedy
                                        or c.members.bit_count() == 1))], len(states)
+
+
+def _attention_spans(pg: PrimitiveGraph, seeds) -> list[int]:
+    """Each attention's primitives with those of the greedy kernels it overlaps: the
+    largest fused attention candidate, which no part may cut."""
+    spans = []
+    for p in range(len(pg.ops)):
+        core = attention_core(pg, p)
+        if core is None:
+            continue
+        for members, _ in seeds:
+            if members & core:
+                core |= members
+        spans.append(core)
+    return spans
+
+
+def _attention_candidates(pg: PrimitiveGraph, part: int, seeds, required: set[int],
+                          known: Sequence[Candidate]) -> list[Candidate]:
+    """Fused attention kernels (``orchestrate.primitives.attention_core``) of the part:
+    the attention alone, with the greedy kernels' prologues of its products, with the
+    epilogues after it, and with both, where each builds as one kernel."""
+    seen = {(c.members, _ids(c.plan.outputs)) for c in known}
+    found = []
+    for p in bits(part):
+        core = attention_core(pg, p)
+        if core is None or core & ~part:
+            continue
+        around = 0
+        for members, _ in seeds:
+            if members & core:
+                around |= members & part & ~core
+        before = around & _ancestors(pg, core)
+        after = around & ~before
+        moves = _moves_into(pg, core) & part
+        for members in dict.fromkeys((core, core | before, core | after, core | before | after,
+                                      core | moves, core | moves | after)):
+            writes = writes_of(pg, members, required, sinks_only=False)
+            try:
+                plan = kernel_plan(pg, members, writes)
+            except NotAKernel as err:
+                log.debug("orchestration: no attention kernel of %d primitives: %s",
+                          members.bit_count(), err)
+                continue
+            if (members, _ids(plan.outputs)) not in seen:
+                seen.add((members, _ids(plan.outputs)))
+                found.append(replace(_candidate(pg, members, plan, required), attention=True))
+    return found
+
+
+def _moves_into(pg: PrimitiveGraph, members: int) -> int:
+    """The layout primitives (slices, reshapes, transposes) ``members`` read through, up
+    to the first primitive that computes: Q, K and V cut out of one projection's result,
+    which a kernel reads in place instead of copying."""
+    found, frontier = 0, _reads(pg, members)
+    while frontier:
+        layout = 0
+        for p in bits(frontier):
+            if pg.categories[p] == "layout":
+                layout |= 1 << p
+        found |= layout
+        frontier = _reads(pg, layout) & ~found
+    return found
+
+
+def _ancestors(pg: PrimitiveGraph, members: int) -> int:
+    """The primitives ``members`` depend on, outside them."""
+    found, frontier = 0, _reads(pg, members)
+    while frontier:
+        found |= frontier
+        frontier = _reads(pg, frontier) & ~found
+    return found & ~members
 
 
 def _candidate(pg: PrimitiveGraph, members: int, plan: KernelPlan, required: set[int],

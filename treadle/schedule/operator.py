@@ -1,9 +1,9 @@
 """Which template schedules an operator, per target: the first in the target's table whose
 ``match`` takes it. Templates recognise computes, not operator names, except for
-operators that only exist as the input of one algorithm (Winograd convolution) or whose
-kernel does what a compute definition cannot (fail per element). An operator that brings
-its own program (``OpDef.kernel``) gets it first; the rule-based schedule takes every
-operator and comes last.
+operators that only exist as the input of one algorithm (Winograd convolution, the
+orchestrator's fused attention) or whose kernel does what a compute definition cannot
+(fail per element). An operator that brings its own program (``OpDef.kernel``) gets it
+first; the rule-based schedule takes every operator and comes last.
 
 Choosing a config is tuning's business (``treadle.tune``); ``schedule_operator`` takes the
 level-0 point, for callers that tune nothing.
@@ -15,6 +15,7 @@ from typing import Any
 from treadle.graph.operator import Operator
 from treadle.schedule.rules import Kernel, schedule_computes
 from treadle.schedule.template import FixedTemplate, Template, default_point
+from treadle.schedule.templates.attention_cpu import schedule_attention
 from treadle.schedule.templates.gemm import GEMM
 from treadle.schedule.templates.index_check import schedule_index_check
 from treadle.schedule.templates.matmul_cuda import MATMUL_CUDA
@@ -58,6 +59,13 @@ class IndexCheckTemplate(OwnTemplate):
         return schedule_index_check(resolved.pattern, name)
 
 
+class AttentionTemplate(OwnTemplate):
+    name, op_type = "attention", "FusedAttention"
+
+    def emit(self, resolved, name: str) -> Kernel:
+        return schedule_attention(resolved.pattern, name, resolved.target)
+
+
 class WindowTemplate(FixedTemplate):
     name = "window"
 
@@ -82,8 +90,8 @@ class RulesTemplate(FixedTemplate):
 
 
 TEMPLATES: dict[str, tuple[Template, ...]] = {
-    "cpu": (HandWrittenTemplate(), WinogradTemplate(), IndexCheckTemplate(), GEMM,
-            WindowTemplate(), RulesTemplate()),
+    "cpu": (HandWrittenTemplate(), WinogradTemplate(), IndexCheckTemplate(),
+            AttentionTemplate(), GEMM, WindowTemplate(), RulesTemplate()),
     # On CUDA the rules' parallel loops become launches (schedule.launches).
     "cuda": (HandWrittenTemplate(), IndexCheckTemplate(), MATMUL_CUDA, RulesTemplate()),
 }

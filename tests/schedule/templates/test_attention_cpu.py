@@ -1,0 +1,103 @@
+"""The fused attention kernel (both products and the softmax in one kernel), as the
+orchestrator builds it from primitives, against numpy: odd and prime sizes of queries,
+keys, depth and value columns, scales and masks, with the transposes around it fused in;
+and where it is not built (a value inside read outside it, symbolic sizes)."""
+import numpy as np
+import pytest
+
+from tests.harness import assert_close, random_array
+from treadle import ops
+from treadle.compiler import compile_graph
+from treadle.graph import kernel_plan
+from treadle.graph.optimize import optimize
+from treadle.graph.passes.fission import fission
+from treadle.orchestrate import orchestrate
+from treadle.orchestrate.primitives import PrimitiveGraph, attention_core
+from treadle.target.cpu import host
+
+
+def fused_first(plans):
+    """The fused attention costs nothing, every other kernel by its operators: the
+    program takes the attention kernel wherever one is a candidate."""
+    return [0.0 if p.is_view else 1e-6 if p.anchor.op_type == "FusedAttention"
+            else 1.0 * len(p.ops) for p in plans]
+
+
+def compile_fused(monkeypatch, graph):
+    monkeypatch.setitem(kernel_plan.STRATEGIES, "orchestrate", lambda g, tune: (
+        lambda done: (done.graph, done.plans))(orchestrate(g, tune, measure=fused_first)))
+    model = compile_graph(graph, strategy="orchestrate")
+    return model, orchestrate(optimize(graph), measure=fused_first).plans
+
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def attention_graph(heads, queries, keys, depth, columns, mask: bool):
+    """softmax(q kᵀ / sqrt(depth) [+ mask]) v, with q, k and v read through transposes
+    of token-major inputs, as exported models give them."""
+    q = ops.input("q", "float32", [queries, heads, depth])
+    k = ops.input("k", "float32", [keys, heads, depth])
+    v = ops.input("v", "float32", [keys, heads, columns])
+    scores = ops.matmul(ops.transpose(q, [1, 0, 2]), ops.transpose(k, [1, 2, 0]))
+    scores = ops.mul(scores, ops.constant(np.float32(depth ** -0.5)))
+    inputs = [q, k, v]
+    if mask:
+        m = ops.input("mask", "float32", [1, 1, keys])
+        scores = ops.add(scores, m)
+        inputs.append(m)
+    out = ops.matmul(ops.softmax(scores), ops.transpose(v, [1, 0, 2]))
+    return ops.graph(inputs, [ops.transpose(out, [1, 0, 2])], "attention")
+
+
+@pytest.mark.parametrize("heads,queries,keys,depth,columns", [
+    (2, 1, 1, 8, 8), (3, 7, 13, 5, 9), (1, 61, 97, 64, 32), (2, 97, 61, 40, 17),
+    (1, 127, 128, 16, 64), (2, 13, 200, 32, 80)])
+@pytest.mark.parametrize("mask", [False, True])
+def test_the_fused_kernel_matches_numpy(monkeypatch, heads, queries, keys, depth, columns,
+                                        mask):
+    graph = attention_graph(heads, queries, keys, depth, columns, mask)
+    model, plans = compile_fused(monkeypatch, graph)
+    assert [p.anchor.op_type for p in plans].count("FusedAttention") == 1
+    q = random_array((queries, heads, depth), seed=1)
+    k = random_array((keys, heads, depth), seed=2)
+    v = random_array((keys, heads, columns), seed=3)
+    feeds = [q, k, v]
+    scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(depth)
+    if mask:
+        m = np.where(np.arange(keys) % 3 == 1, -np.inf, 0).astype(np.float32)
+        m[0] = 0.0  # every row keeps a key
+        scores = scores + m
+        feeds.append(m.reshape(1, 1, keys))
+    want = np.einsum("hqk,khc->qhc", softmax(scores), v).astype(np.float32)
+    (got,) = model(*feeds)
+    assert_close(got, want, reduction=max(depth, keys))
+
+
+def test_a_probability_read_outside_keeps_the_kernels_apart():
+    q = ops.input("q", "float32", [2, 7, 8])
+    k = ops.input("k", "float32", [2, 8, 11])
+    v = ops.input("v", "float32", [2, 11, 8])
+    p = ops.softmax(ops.matmul(q, k))
+    graph = optimize(ops.graph([q, k, v], [ops.matmul(p, v), p], "returns_probabilities"))
+    pg = PrimitiveGraph.of(fission(graph), host())
+    assert not any(attention_core(pg, k) for k in range(len(pg.ops)))
+    core_graph = optimize(ops.graph([q, k, v], [ops.matmul(p, v)], "attention"))
+    pg = PrimitiveGraph.of(fission(core_graph), host())
+    assert sum(attention_core(pg, k) is not None for k in range(len(pg.ops))) == 1
+
+
+@pytest.mark.parametrize("queries", [1, 7, 61])
+def test_symbolic_sizes_run_as_separate_kernels(monkeypatch, queries):
+    q = ops.input("q", "float32", [2, "seq", 8])
+    k = ops.input("k", "float32", [2, 8, "seq"])
+    v = ops.input("v", "float32", [2, "seq", 8])
+    graph = ops.graph([q, k, v], [ops.matmul(ops.softmax(ops.matmul(q, k)), v)], "symbolic")
+    model, plans = compile_fused(monkeypatch, graph)
+    assert "FusedAttention" not in [p.anchor.op_type for p in plans]
+    qv, kv, vv = (random_array(s, seed=n) for n, s in
+                  enumerate([(2, queries, 8), (2, 8, queries), (2, queries, 8)]))
+    assert_close(model(qv, kv, vv)[0], (softmax(qv @ kv) @ vv).astype(np.float32),
+                 reduction=8)

@@ -2,6 +2,8 @@
 orchestrator builds it from primitives, against numpy: odd and prime sizes of queries,
 keys, depth and value columns, scales and masks, with the transposes around it fused in;
 and where it is not built (a value inside read outside it, symbolic sizes)."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,9 @@ from treadle.graph.optimize import optimize
 from treadle.graph.passes.fission import fission
 from treadle.orchestrate import orchestrate
 from treadle.orchestrate.primitives import PrimitiveGraph, attention_core
+from treadle.orchestrate.primitives import kernel_plan as kernel_plan_of
+from treadle.runtime.module import compile_function
+from treadle.schedule.templates.attention_cpu import schedule_attention
 from treadle.target.cpu import host
 
 
@@ -101,3 +106,29 @@ def test_symbolic_sizes_run_as_separate_kernels(monkeypatch, queries):
                   enumerate([(2, queries, 8), (2, 8, queries), (2, queries, 8)]))
     assert_close(model(qv, kv, vv)[0], (softmax(qv @ kv) @ vv).astype(np.float32),
                  reduction=8)
+
+
+WIDE = ("avx2", "fma", "avx512f", "avx512vl")
+
+
+@pytest.mark.parametrize("features,registers", [(("avx2", "fma"), 16), (WIDE, 32)])
+def test_the_register_tile_of_each_target_matches_numpy(features, registers):
+    """AVX2's 16 registers of 8 floats and AVX-512's 32 of 16, whichever this CPU has."""
+    if not set(features) <= set(host().features):
+        pytest.skip(f"this CPU lacks {sorted(set(features) - set(host().features))}")
+    q = ops.input("q", "float32", [2, 13, 7])
+    k = ops.input("k", "float32", [2, 7, 29])
+    v = ops.input("v", "float32", [2, 29, 11])
+    out = ops.matmul(ops.softmax(ops.matmul(q, k)), v)
+    pg = PrimitiveGraph.of(fission(optimize(ops.graph([q, k, v], [out], "attention"))), host())
+    core = next(c for p in range(len(pg.ops)) if (c := attention_core(pg, p)) is not None)
+    plan = kernel_plan_of(pg, core, pg.graph.outputs)
+    target = replace(host(), features=features, vector_registers=registers)
+    kernel = schedule_attention(plan.anchor, "attention", target)
+    arrays = {t.name: random_array(tuple(t.shape), seed=n) for n, t in enumerate([q, k, v])}
+    inputs = [arrays[plan.anchor.inputs[i].name] for i in kernel.inputs]
+    got = np.empty((2, 13, 11), np.float32)
+    scratch = [np.empty([d.value for d in w.shape], np.float32) for w in kernel.workspaces]
+    compile_function(kernel.function)(*inputs, got, *scratch)
+    want = softmax(arrays["q"] @ arrays["k"]) @ arrays["v"]
+    assert_close(got, want.astype(np.float32), reduction=29)

@@ -30,7 +30,7 @@ from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, reachable
 from treadle.ir.dtypes import boolean, float32
 from treadle.ir.expr import Buffer, Const, Expr, Load, Var, as_expr, minimum
-from treadle.ir.functor import free_vars, rewrite, substitute, walk
+from treadle.ir.functor import rewrite, substitute, walk
 from treadle.ir.mapping import unravel
 from treadle.schedule.rules import Inliner, Kernel, canonical_kernel
 from treadle.schedule.templates.gemm.micro_kernel import RegisterTile, register_tile
@@ -77,6 +77,8 @@ def static_sizes(parts: AttentionParts) -> tuple[list[int], int, int, int, int] 
 def _value(c: Compute, index: tuple, given: dict[Buffer, Expr]) -> Expr:
     """``c`` at ``index`` with its joined computes inlined, and each load of a buffer in
     ``given`` (read at the same rows) replaced by the value given for it."""
+    if c.buffer in given:  # the logits are the scores themselves
+        return given[c.buffer]
     inline = Inliner(reachable([c]), keep=given)
     value = inline(substitute(c.value, dict(zip(c.axes, index))))
     return rewrite(value, lambda n: given[n.buffer]
@@ -125,43 +127,49 @@ def schedule_attention(op: Operator, name: str, target: CpuTarget) -> Kernel:
             first = fb.let("first", task % blocks * rows)
             count = fb.let("count", minimum(as_expr(rows), queries - first))
             index = unravel(b, batch_shape)
-            q = fb.buffer("q", float32, [rows, depth])
-            for r in fb.range(rows, name="r"):
-                with fb.if_(r < count):
-                    for d in fb.range(depth, kind="vectorize", name="d"):
-                        q[r, d] = _factor(parts.scores, (*index, first + r, 0), d, 0)
-                with fb.else_():
-                    for d in fb.range(depth, kind="vectorize", name="d"):
-                        q[r, d] = 0.0
+            q = _query_block(fb, parts, index, first, count, rows, depth)
             scores = fb.buffer("scores", float32, [rows, padded_keys])
-            for jt in fb.range(padded_keys // key_tile.cols, name="jt"):
-                for rt in fb.range(tiles, name="rt"):
-                    register_tile(fb, key_tile, scores, (rt * MICRO_ROWS, jt * key_tile.cols),
-                                  Const(True, boolean), depth,
-                                  lambda kk, rt=rt, jt=jt: (
-                                      lambda r: q[rt * MICRO_ROWS + r, kk],
-                                      lambda v: k_panels.vload((b, jt, kk, v * lanes), lanes)))
+            _block_product(fb, key_tile, tiles, q, k_panels, b, depth, scores)
             totals = fb.buffer("totals", float32, [rows])
             _softmax_rows(fb, parts, index, first, count, rows, keys, padded_keys, scores,
                           totals)
             result = fb.buffer("result", float32, [rows, padded_columns])
-            for ct in fb.range(padded_columns // value_tile.cols, name="ct"):
-                for rt in fb.range(tiles, name="rt"):
-                    register_tile(fb, value_tile, result,
-                                  (rt * MICRO_ROWS, ct * value_tile.cols),
-                                  Const(True, boolean), keys,
-                                  lambda kk, rt=rt, ct=ct: (
-                                      lambda r: scores[rt * MICRO_ROWS + r, kk],
-                                      lambda v: v_panels.vload((b, ct, kk, v * lanes), lanes)))
+            _block_product(fb, value_tile, tiles, scores, v_panels, b, keys, result)
             for r in fb.range(count, name="r"):
                 for c in fb.range(columns, kind="vectorize", name="c"):
                     at = (*index, first + r, c)
                     out[at] = _value(parts.out, at, {parts.product.buffer: result[r, c],
                                                      parts.total.buffer: totals[r]})
-        symbols = {v for p in fb.params for d in p.shape for v in free_vars(d)}
-        for var in sorted(symbols, key=lambda v: v.name):
-            fb.add_param(var)
     return canonical_kernel(fb.function, op.input_buffers, 1)
+
+
+def _query_block(fb: FunctionBuilder, parts: AttentionParts, index: tuple, first: Var,
+                 count: Var, rows: int, depth: int) -> Buffer:
+    """The block's rows of Q (zeros past the last query)."""
+    q = fb.buffer("q", float32, [rows, depth])
+    for r in fb.range(rows, name="r"):
+        with fb.if_(r < count):
+            for d in fb.range(depth, kind="vectorize", name="d"):
+                q[r, d] = _factor(parts.scores, (*index, first + r, 0), d, 0)
+        with fb.else_():
+            for d in fb.range(depth, kind="vectorize", name="d"):
+                q[r, d] = 0.0
+    return q
+
+
+def _block_product(fb: FunctionBuilder, tile: RegisterTile, tiles: int, left: Buffer,
+                   panels: Buffer, b: Var, depth: int, into: Buffer) -> None:
+    """into = left (tiles x tile.rows rows) times batch ``b``'s packed right factor,
+    one register tile at a time, each micro-panel of the right factor kept in L1 while
+    every row tile passes over it."""
+    lanes = tile.lanes
+    for ct in fb.range(panels.shape[1], name="ct"):
+        for rt in fb.range(tiles, name="rt"):
+            register_tile(fb, tile, into, (rt * tile.rows, ct * tile.cols),
+                          Const(True, boolean), depth,
+                          lambda kk, rt=rt, ct=ct: (
+                              lambda r: left[rt * tile.rows + r, kk],
+                              lambda v: panels.vload((b, ct, kk, v * lanes), lanes)))
 
 
 def _pack(fb: FunctionBuilder, panels: Buffer, b: Var, width: int, padded: int, extent: int,

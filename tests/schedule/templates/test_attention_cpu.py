@@ -132,3 +132,30 @@ def test_the_register_tile_of_each_target_matches_numpy(features, registers):
     compile_function(kernel.function)(*inputs, got, *scratch)
     want = softmax(arrays["q"] @ arrays["k"]) @ arrays["v"]
     assert_close(got, want.astype(np.float32), reduction=29)
+
+
+@pytest.mark.parametrize("attrs", [{}, {"is_causal": 1}])
+def test_an_attention_node_with_a_closed_row_runs_fused(monkeypatch, attrs):
+    """ONNX's Attention (what torch's exporter and frontend write for sdpa) with a boolean
+    mask that leaves one query nothing to attend: zeros there, ONNX Runtime elsewhere."""
+    from tests.graph.ops.test_attention import INPUTS, inputs, reference
+    from treadle.graph.graph import Graph
+    from treadle.graph.operator import apply
+    from treadle.graph.tensor import Tensor
+    pytest.importorskip("onnxruntime")
+    arrays = inputs((2, 3, 7, 5), (2, 3, 9, 5), (2, 3, 9, 5))[:3]
+    keep = np.random.default_rng(2).random((2, 1, 7, 9)) < 0.5
+    keep[..., 0] = True
+    keep[0, 0, 3] = False  # batch 0, query 3: every key masked
+    arrays.append(keep)
+    tensors = [Tensor(n, a.dtype.name, a.shape) for n, a in zip(INPUTS, arrays)]
+    graph = Graph.from_outputs(tensors, apply("Attention", tensors, attrs))
+    model, plans = compile_fused(monkeypatch, graph)
+    assert "FusedAttention" in [p.anchor.op_type for p in plans]
+    (got,) = model(*arrays)
+    assert np.all(got[0, :, 3] == 0)
+    want = reference(arrays, attrs)[0]
+    open_rows = np.ones(7, bool)
+    open_rows[3] = False
+    assert_close(got[1], want[1], reduction=9)
+    assert_close(got[0][:, open_rows], want[0][:, open_rows], reduction=9)

@@ -78,9 +78,9 @@ def decompose_attention(node: Operator, inputs: list, readers=None
     precision = _softmax_dtype(node, q.dtype)
     probs = p.op("Softmax", [p.cast(scores, precision, "logits")], "softmax", axis=-1)
     probs = p.cast(probs, q.dtype, "probs_rounded")
-    if mask is not None:
-        probs = _zero_masked_rows(p, probs, bias)
     y = p.op("MatMul", [probs, v], "pv")
+    if mask is not None:
+        y = _zero_masked_rows(p, y, bias)
     if inputs[0].rank == 3:
         y = p.op("Transpose", [y], "y_t", perm=[0, 2, 1, 3])
         y = p.op("Reshape", [y, p.shape([0, 0, hq * v.shape[3]], "y_shape")], "y")
@@ -216,8 +216,11 @@ def _causal(p: Primitives, offset, queries, keys) -> Tensor:
     return p.op("LessOrEqual", [positions(0, keys, "key_positions"), rows], "causal")
 
 
-def _zero_masked_rows(p: Primitives, probs: Tensor, bias: Tensor) -> Tensor:
-    """Zeros for a query whose bias forbids every key (softmax would give NaN there)."""
+def _zero_masked_rows(p: Primitives, y: Tensor, bias: Tensor) -> Tensor:
+    """Zeros for a query whose bias forbids every key (softmax gives NaN there). Applied
+    to the product rather than to the probabilities: a row is zero either way, and
+    softmax then feeds the product directly, which fission and the orchestrator's fused
+    attention take."""
     high = p.op("ReduceMax", [bias], "bias_max", axes=[-1], keepdims=1)
     closed = p.op("Equal", [high, p.constant(-np.inf, bias.dtype, "closed")], "closed")
-    return p.op("Where", [closed, p.constant(0.0, probs.dtype, "nothing"), probs], "probs")
+    return p.op("Where", [closed, p.constant(0.0, y.dtype, "nothing"), y], "guarded")

@@ -9,6 +9,7 @@ import pytest
 
 from tests.harness import assert_close, random_array
 from treadle import ops
+from treadle import compiler as compiler_module
 from treadle.compiler import compile_graph
 from treadle.graph import kernel_plan
 from treadle.graph.optimize import optimize
@@ -29,10 +30,15 @@ def fused_first(plans):
 
 
 def compile_fused(monkeypatch, graph):
+    """The model with the kernels orchestration chose (never swapped for greedy fusion
+    by timing both), and those kernels."""
     monkeypatch.setitem(kernel_plan.STRATEGIES, "orchestrate", lambda g, tune: (
         lambda done: (done.graph, done.plans))(orchestrate(g, tune, measure=fused_first)))
+    monkeypatch.setattr(compiler_module, "interleaved_medians",
+                        lambda runs, repeat, idle: {"chosen": 1.0, "own": 2.0})
     model = compile_graph(graph, strategy="orchestrate")
-    return model, orchestrate(optimize(graph), measure=fused_first).plans
+    fused = [s for s in model.steps if s.name.endswith("+attention")]
+    return model, orchestrate(optimize(graph), measure=fused_first).plans, fused
 
 
 def softmax(x):
@@ -64,8 +70,8 @@ def attention_graph(heads, queries, keys, depth, columns, mask: bool):
 def test_the_fused_kernel_matches_numpy(monkeypatch, heads, queries, keys, depth, columns,
                                         mask):
     graph = attention_graph(heads, queries, keys, depth, columns, mask)
-    model, plans = compile_fused(monkeypatch, graph)
-    assert [p.anchor.op_type for p in plans].count("FusedAttention") == 1
+    model, plans, fused = compile_fused(monkeypatch, graph)
+    assert [p.anchor.op_type for p in plans].count("FusedAttention") == len(fused) == 1
     q = random_array((queries, heads, depth), seed=1)
     k = random_array((keys, heads, depth), seed=2)
     v = random_array((keys, heads, columns), seed=3)
@@ -100,8 +106,8 @@ def test_symbolic_sizes_run_as_separate_kernels(monkeypatch, queries):
     k = ops.input("k", "float32", [2, 8, "seq"])
     v = ops.input("v", "float32", [2, "seq", 8])
     graph = ops.graph([q, k, v], [ops.matmul(ops.softmax(ops.matmul(q, k)), v)], "symbolic")
-    model, plans = compile_fused(monkeypatch, graph)
-    assert "FusedAttention" not in [p.anchor.op_type for p in plans]
+    model, plans, fused = compile_fused(monkeypatch, graph)
+    assert "FusedAttention" not in [p.anchor.op_type for p in plans] and not fused
     qv, kv, vv = (random_array(s, seed=n) for n, s in
                   enumerate([(2, queries, 8), (2, 8, queries), (2, queries, 8)]))
     assert_close(model(qv, kv, vv)[0], (softmax(qv @ kv) @ vv).astype(np.float32),
@@ -150,8 +156,8 @@ def test_an_attention_node_with_a_closed_row_runs_fused(monkeypatch, attrs):
     arrays.append(keep)
     tensors = [Tensor(n, a.dtype.name, a.shape) for n, a in zip(INPUTS, arrays)]
     graph = Graph.from_outputs(tensors, apply("Attention", tensors, attrs))
-    model, plans = compile_fused(monkeypatch, graph)
-    assert "FusedAttention" in [p.anchor.op_type for p in plans]
+    model, plans, fused = compile_fused(monkeypatch, graph)
+    assert "FusedAttention" in [p.anchor.op_type for p in plans] and fused
     (got,) = model(*arrays)
     assert np.all(got[0, :, 3] == 0)
     want = reference(arrays, attrs)[0]
@@ -159,3 +165,15 @@ def test_an_attention_node_with_a_closed_row_runs_fused(monkeypatch, attrs):
     open_rows[3] = False
     assert_close(got[1], want[1], reduction=9)
     assert_close(got[0][:, open_rows], want[0][:, open_rows], reduction=9)
+
+
+def test_a_saved_model_keeps_the_fused_kernel(monkeypatch, tmp_path):
+    import treadle
+    from treadle.api import CompiledModel
+    graph = attention_graph(2, 7, 13, 8, 8, mask=False)
+    model, _, fused = compile_fused(monkeypatch, graph)
+    CompiledModel(model, "attention").save(tmp_path / "attention")
+    loaded = treadle.load(tmp_path / "attention")
+    assert fused and [s.name for s in loaded.executable.steps] == [s.name for s in model.steps]
+    feeds = [random_array(s, seed=n) for n, s in enumerate([(7, 2, 8), (13, 2, 8), (13, 2, 8)])]
+    np.testing.assert_array_equal(loaded(*feeds)[0], model(*feeds)[0])

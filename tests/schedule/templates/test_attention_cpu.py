@@ -64,7 +64,7 @@ def attention_graph(heads, queries, keys, depth, columns, mask: bool):
 
 
 @pytest.mark.parametrize("heads,queries,keys,depth,columns", [
-    (2, 1, 1, 8, 8), (3, 7, 13, 5, 9), (1, 61, 97, 64, 32), (2, 97, 61, 40, 17),
+    (2, 1, 1, 8, 8), (2, 0, 13, 8, 8), (3, 7, 13, 5, 9), (1, 61, 97, 64, 32), (2, 97, 61, 40, 17),
     (1, 127, 128, 16, 64), (2, 13, 200, 32, 80)])
 @pytest.mark.parametrize("mask", [False, True])
 def test_the_fused_kernel_matches_numpy(monkeypatch, heads, queries, keys, depth, columns,

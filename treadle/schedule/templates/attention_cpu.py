@@ -65,11 +65,10 @@ def _fused_attention(ctx):
     raise ctx.unsupported("a fused attention kernel is made by the orchestrator, not applied")
 
 
-def static_sizes(parts: AttentionParts) -> tuple[list[int], int, int, int, int] | None:
-    """(batch shape, queries, keys, depth, value columns) where all are constants."""
+def _sizes(parts: AttentionParts) -> tuple[list[int], int, int, int, int]:
+    """(batch shape, queries, keys, depth, value columns): constants, as the orchestrator
+    fuses attention only where every size is known."""
     dims = [*parts.scores.shape, *parts.scores.reduce_extents, parts.out.shape[-1]]
-    if not all(isinstance(d, Const) for d in dims):
-        return None
     *batch, queries, keys, depth, columns = (d.value for d in dims)
     return batch, queries, keys, depth, columns
 
@@ -94,7 +93,7 @@ def _factor(product: Compute, index: tuple, reduce_index: Expr, which: int) -> E
 
 def schedule_attention(op: Operator, name: str, target: CpuTarget) -> Kernel:
     parts: AttentionParts = op.attrs["parts"]
-    batch_shape, queries, keys, depth, columns = static_sizes(parts)
+    batch_shape, queries, keys, depth, columns = _sizes(parts)
     lanes = target.widest_simd_bytes // 4
     vectors = VECTORS[32 if target.vector_registers >= 32 else 16]
     key_tile = RegisterTile(MICRO_ROWS, min(vectors, -(-keys // lanes)) * lanes, lanes)

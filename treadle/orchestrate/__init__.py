@@ -33,7 +33,7 @@ import hashlib
 import importlib
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -45,8 +45,8 @@ from treadle.graph.passes.fission import fission
 from treadle.graph.tensor import Tensor
 from treadle.orchestrate.blp import TIME_LIMIT_S, Infeasible, Option, run_order, solve
 from treadle.orchestrate.cost import OrchestrationCache, estimate
-from treadle.orchestrate.primitives import (NotAKernel, PrimitiveGraph, attention_core,
-                                            kernel_plan, writes_of)
+from treadle.orchestrate.primitives import (NotAKernel, PrimitiveGraph, kernel_plan,
+                                            writes_of)
 from treadle.orchestrate.states import (bits, candidate_kernels, cheapest_path,
                                         execution_states)
 from treadle.target.cpu import CpuTarget, host
@@ -67,9 +67,6 @@ class Candidate:
     estimate: float
     full: bool  # writes every result read outside it: one step of a plan without recomputing
     greedy: bool = False
-    # Always measured, as greedy's kernels are: one attention, both products and the
-    # softmax between them (no enumerated set is that large).
-    attention: bool = False
     cost: float | None = None
 
 
@@ -119,8 +116,9 @@ def orchestrate(graph: Graph, tune: int | str = 0, target: CpuTarget | None = No
     summary = Summary(primitives=len(pg.ops))
     plans: list[KernelPlan] = []
     reports, texts = [], []
-    attentions = _attention_spans(pg, seeds)
-    for part in _parts(pg, seeds + [(m, ()) for m in attentions]):
+    # No part cuts an attention, nor the greedy kernels its largest candidate takes in.
+    attentions = [(core | _around(core, seeds), ()) for core in pg.attention_cores]
+    for part in _parts(pg, seeds + attentions):
         texts.append(_part_text(pg, part, tune))
         try:
             chosen, report = _part_plans(pg, part, texts[-1], seeds, composites, measure,
@@ -477,36 +475,27 @@ def _candidates(pg: PrimitiveGraph, part: int, seeds, extra, required: set[int]
                                        or c.members.bit_count() == 1))], len(states)
 
 
-def _attention_spans(pg: PrimitiveGraph, seeds) -> list[int]:
-    """Each attention's primitives with those of the greedy kernels it overlaps: the
-    largest fused attention candidate, which no part may cut."""
-    spans = []
-    for p in range(len(pg.ops)):
-        core = attention_core(pg, p)
-        if core is None:
-            continue
-        for members, _ in seeds:
-            if members & core:
-                core |= members
-        spans.append(core)
-    return spans
+def _around(core: int, seeds) -> int:
+    """The primitives outside ``core`` of the greedy kernels that share one with it."""
+    found = 0
+    for members, _ in seeds:
+        if members & core:
+            found |= members
+    return found & ~core
 
 
 def _attention_candidates(pg: PrimitiveGraph, part: int, seeds, required: set[int],
                           known: Sequence[Candidate]) -> list[Candidate]:
-    """Fused attention kernels (``orchestrate.primitives.attention_core``) of the part:
-    the attention alone, with the greedy kernels' prologues of its products, with the
-    epilogues after it, and with both, where each builds as one kernel."""
+    """Fused attention kernels (``orchestrate.primitives.attention_core``) of the part,
+    too large for the enumeration and always measured: the attention alone, with the
+    greedy kernels' work before it, after it or both, and with the layout primitives
+    it reads through, where each builds as one kernel."""
     seen = {(c.members, _ids(c.plan.outputs)) for c in known}
     found = []
-    for p in bits(part):
-        core = attention_core(pg, p)
-        if core is None or core & ~part:
+    for core in pg.attention_cores:
+        if core & ~part:
             continue
-        around = 0
-        for members, _ in seeds:
-            if members & core:
-                around |= members & part & ~core
+        around = _around(core, seeds) & part
         before = around & _ancestors(pg, core)
         after = around & ~before
         moves = _moves_into(pg, core) & part
@@ -521,7 +510,7 @@ def _attention_candidates(pg: PrimitiveGraph, part: int, seeds, required: set[in
                 continue
             if (members, _ids(plan.outputs)) not in seen:
                 seen.add((members, _ids(plan.outputs)))
-                found.append(replace(_candidate(pg, members, plan, required), attention=True))
+                found.append(_candidate(pg, members, plan, required))
     return found
 
 

@@ -26,6 +26,7 @@ only the results no member reads.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -81,6 +82,11 @@ class PrimitiveGraph:
 
     def consumers(self, tensor: Tensor) -> list[int]:
         return self.readers.get(id(tensor), [])
+
+    @functools.cached_property
+    def attention_cores(self) -> list[int]:
+        """Every attention that can be one kernel (``attention_core``)."""
+        return [c for p in range(len(self.ops)) if (c := attention_core(self, p)) is not None]
 
 
 def category(op: Operator, target: CpuTarget) -> str:
@@ -225,19 +231,24 @@ def attention_core(pg: PrimitiveGraph, product: int) -> int | None:
     second product ``product``: Q Kᵀ, element-wise logits, their row maximum, the
     shifted exponentials, their row sum, the product by V and its division by the sum;
     None where ``product`` ends no such attention or a value inside it is read outside."""
+    found = _fusable_attention(pg, product)
+    return None if found is None else found[0]
+
+
+def _fusable_attention(pg: PrimitiveGraph, product: int
+                       ) -> tuple[int, dict[str, Operator]] | None:
+    """The attention ending in ``product`` (see ``attention_core``) and its primitives by
+    role, where only its result is read outside it."""
     roles = _attention_roles(pg, product)
     if roles is None:
         return None
     core = sum(1 << pg.index[id(op)] for op in roles.values())
     last = roles["out"]
-    for p in bits(core):
-        for t in pg.ops[p].outputs:
-            if pg.ops[p] is not last and any(not core >> r & 1 for r in pg.consumers(t)):
-                return None
-    if any(id(t) in pg.graph_outputs for p in bits(core & ~(1 << pg.index[id(last)]))
-           for t in pg.ops[p].outputs):
+    inside = [t for p in bits(core) if pg.ops[p] is not last for t in pg.ops[p].outputs]
+    if any(id(t) in pg.graph_outputs or any(not core >> r & 1 for r in pg.consumers(t))
+           for t in inside):
         return None
-    return core
+    return core, roles
 
 
 def _attention_roles(pg: PrimitiveGraph, product: int) -> dict[str, Operator] | None:
@@ -295,10 +306,10 @@ def _attention(pg: PrimitiveGraph, members: int, product: int, writes: Sequence[
     """The plan of ``members`` around one fused attention kernel (``AttentionParts``):
     its primitives as the anchor, those it reads from as prologues, those after it as
     epilogues."""
-    core = attention_core(pg, product)
-    if core is None or core & ~members:
+    found = _fusable_attention(pg, product)
+    if found is None or found[0] & ~members:
         raise NotAKernel("two linear primitives that are not one attention")
-    roles = _attention_roles(pg, product)
+    core, roles = found
     ops = [pg.ops[p] for p in bits(core)]
     external, buffers, computes = _joined(ops)
     logits = roles.get("logits0", roles["scores"])

@@ -177,23 +177,21 @@ def _pack(fb: FunctionBuilder, panels: Buffer, b: Var, width: int, padded: int, 
     is ``value(column, k)`` for column ``tile * width + c`` below ``extent``, else zero.
     Columns are the outer loop where the factor's rows run along depth (Kᵀ read from
     K's rows), so both reads and writes stay close together."""
+    def put(tile: Var, c: Var, k: Var) -> None:
+        column = tile * width + c
+        with fb.if_(column < extent):
+            panels[b, tile, k, c] = value(column, k)
+        with fb.else_():
+            panels[b, tile, k, c] = 0.0
     for tile in fb.range(padded // width, name="tile"):
         if by_depth:
             for c in fb.range(width, name="c"):
-                column = tile * width + c
                 for k in fb.range(depth, name="k"):
-                    with fb.if_(column < extent):
-                        panels[b, tile, k, c] = value(column, k)
-                    with fb.else_():
-                        panels[b, tile, k, c] = 0.0
+                    put(tile, c, k)
         else:
             for k in fb.range(depth, name="k"):
                 for c in fb.range(width, kind="vectorize", name="c"):
-                    column = tile * width + c
-                    with fb.if_(column < extent):
-                        panels[b, tile, k, c] = value(column, k)
-                    with fb.else_():
-                        panels[b, tile, k, c] = 0.0
+                    put(tile, c, k)
 
 
 def _softmax_rows(fb: FunctionBuilder, parts: AttentionParts, index: tuple, first: Var,

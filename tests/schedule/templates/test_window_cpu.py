@@ -16,6 +16,7 @@ from treadle.ir.functor import walk
 from treadle.ir.stmt import For, If, Store
 from treadle.ir.verify import verify
 from treadle.schedule.operator import schedule_operator
+from treadle.schedule.templates.gemm import GEMM
 from treadle.schedule.templates.window_cpu import MAX_UNROLLED, match_window
 
 torch = pytest.importorskip("torch")
@@ -123,3 +124,53 @@ def test_channels_last_depthwise_interior_rows_skip_the_padding_checks(channels,
             torch.from_numpy(b), stride=stride, padding=pad, groups=channels)
         assert_close(program(xs)[0], expected.permute(0, 2, 3, 1).numpy(),
                      reduction=kernel * kernel)
+
+
+NARROW = [  # input channels, output channels, (height, width), kernel, stride, padding, dilation
+    (32, 3, (23, 29), (9, 9), 1, 4, 1),
+    (16, 1, (13, 97), (5, 5), 1, 2, 1),
+    (7, 2, (61, 17), (3, 3), 2, 1, 1),
+    (5, 7, (11, 11), (3, 3), 1, 2, 2),
+    (3, 6, (1, 127), (1, 7), 1, 0, 1),
+    (24, 3, (8, 9), (3, 3), 2, 0, 1),
+]
+
+
+@pytest.mark.parametrize("cin, cout, size, kernel, stride, pad, dilation", NARROW)
+def test_convolutions_to_a_few_channels_are_windows_and_match_torch(cin, cout, size, kernel,
+                                                                     stride, pad, dilation):
+    """A convolution to fewer channels than a GEMM's narrowest columns is left to the
+    window template (a GEMM would pack every tap of every pixel for a few channels to
+    read), which sums a whole 3 x 3 window in each pass along the row; the numbers stay
+    torch's, with a symbolic batch."""
+    from treadle.schedule.operator import select_template
+    from treadle.target.cpu import host
+    x = Tensor("x", "float32", ["n", cin, *size])
+    w = random_array((cout, cin, *kernel), seed=6)
+    b = random_array((cout,), seed=7)
+    attrs = {"strides": [stride] * 2, "pads": [pad] * 4, "dilations": [dilation] * 2}
+    y = apply("Conv", [x, constant(w), constant(b)], attrs)[0]
+    graph = Graph.from_outputs([x], [y])
+    op = _operator(graph)
+    assert GEMM.match(op) is None and select_template(op, host())[0].name == "window"
+    func = schedule_operator(op, "narrow").function
+    verify(func)
+    if kernel == (3, 3):  # both window axes unrolled: 9 taps per pass, input channels loop
+        passes = [n for n in walk(func.body) if isinstance(n, For) and n.kind == "vectorize"]
+        assert passes and all(sum(isinstance(m, Load) and m.buffer.name == "x0"
+                                  for m in walk(p)) == 9 for p in passes)
+    program = compile_graph(graph)
+    for batch in (1, 2):
+        xs = random_array((batch, cin, *size), seed=batch)
+        expected = torch.nn.functional.conv2d(
+            torch.from_numpy(xs), torch.from_numpy(w), torch.from_numpy(b), stride=stride,
+            padding=pad, dilation=dilation).numpy()
+        assert_close(program(xs)[0], expected, reduction=cin * kernel[0] * kernel[1])
+
+
+def test_a_narrow_one_by_one_convolution_stays_a_gemm():
+    """A 1 x 1 convolution reads each pixel once as a GEMM too (its swapped product)."""
+    x = Tensor("x", "float32", [1, 64, 12, 12])
+    op = _operator(Graph.from_outputs(
+        [x], [apply("Conv", [x, constant(random_array((3, 64, 1, 1)))], {})[0]]))
+    assert GEMM.match(op) is not None

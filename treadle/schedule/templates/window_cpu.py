@@ -35,9 +35,10 @@ from treadle.ir.simplify import simplify_expr
 from treadle.ir.stmt import Assert, DeclBuffer, For, Function, If, Let, Seq, Stmt, Store
 from treadle.schedule.rules import Inliner, Kernel, canonical_kernel, split_epilogue
 
-# Window points: a 1-D reduction longer than MAX_WINDOW is a row's sum, better vectorised
-# along itself by the rule-based loops; 2-D windows up to 13 x 13 (MixNet's mixed depthwise
-# kernels) are windows. Larger ones are left to GEMM or the rule-based loops.
+# Window points (see _too_many_points): a 1-D reduction longer than MAX_WINDOW is a row's
+# sum, better vectorised along itself by the rule-based loops; 2-D windows up to 13 x 13
+# (MixNet's mixed depthwise kernels) are windows. Larger ones with a long last axis are
+# left to GEMM or the rule-based loops.
 MAX_WINDOW, MAX_WINDOW_2D = 64, 169
 MAX_ROW_BYTES = 1 << 14  # the row of accumulators, on each thread's stack
 MAX_BORDER = 16  # output positions searched from each end of a row for the interior
@@ -67,13 +68,35 @@ def match_window(out: Compute) -> WindowPattern | None:
     if not red.shape or not extents or not all(isinstance(e, Const) for e in extents):
         return None
     width = red.shape[-1]
-    points = math.prod(e.value for e in extents)
-    if (points > (MAX_WINDOW_2D if len(extents) > 1 else MAX_WINDOW)
+    if (_too_many_points(extents)
             or not isinstance(width, Const)
             or width.value * red.dtype.nbytes > MAX_ROW_BYTES
             or red.axes[-1] not in free_vars(window)):
         return None
     return WindowPattern(red, window, out.buffer, epilogue)
+
+
+def _too_many_points(extents: Sequence[Const]) -> bool:
+    """Whether a window is too large for the template: its passes along the row unroll
+    the last axis, which must be short (a 1-D reduction longer than MAX_WINDOW is a
+    row's sum); over several axes, the outer ones loop, so any number of them is a
+    window where the last axis is MAX_UNROLLED points at most (a convolution to a few
+    channels: 32 channels x 9 x 9 taps), else up to MAX_WINDOW_2D points."""
+    points = math.prod(e.value for e in extents)
+    if len(extents) == 1:
+        return points > MAX_WINDOW
+    return points > MAX_WINDOW_2D and extents[-1].value > MAX_UNROLLED
+
+
+def sliding_window(out: Compute) -> bool:
+    """Whether ``out`` is a window the template takes that slides along the row (more
+    than one tap on the last axis): a convolution's, not a 1 x 1 one's. For a product
+    narrower than a GEMM's columns the window's passes beat the GEMM, which would pack
+    every tap of every pixel for the few output channels to read: a 3 x 3 convolution
+    from 256 to 6 channels ran in 0.55 ms here and 2.6 ms as a GEMM; a 1 x 1 one reads
+    each pixel once either way, and the GEMM was faster."""
+    window = match_window(out)
+    return window is not None and window.reduction.reduce_extents[-1].value > 1
 
 
 def schedule_window(name: str, inputs: Sequence[Buffer | None], pattern: WindowPattern,
@@ -184,24 +207,43 @@ def _window_loops(pattern: WindowPattern, acc: Buffer) -> Stmt:
     col, width = red.axes[-1], red.shape[-1].value
     ranges = _ranges(red)
     lo, hi = _interior(pattern.window, col, width, ranges)
+    unrolled = _unrolled_axes(red)
     segments = [(0, lo, "serial"), (lo, hi, "vectorize"), (hi, width, "serial")]
-    stmt: Stmt = Seq(tuple(_segment(pattern, acc, ranges, *s) for s in segments if s[0] < s[1]))
-    for var, extent in reversed(list(zip(red.reduce_axes[:-1], red.reduce_extents[:-1]))):
+    stmt: Stmt = Seq(tuple(_segment(pattern, acc, ranges, unrolled, *s)
+                           for s in segments if s[0] < s[1]))
+    outer = list(zip(red.reduce_axes, red.reduce_extents))[:len(red.reduce_axes) - unrolled]
+    for var, extent in reversed(outer):
         stmt = For(var, extent, stmt)
     return stmt
 
 
-def _segment(pattern: WindowPattern, acc: Buffer, ranges: dict[Var, Interval], begin: int,
-             end: int, kind: str) -> Stmt:
-    """``acc[col] = op(acc[col], tap)`` for every position of the last window axis, for
-    ``col`` in ``begin..end``, each tap simplified for that range."""
+def _unrolled_axes(red: Compute) -> int:
+    """How many of the window's last axes a pass along the row unrolls: the last one,
+    and the ones before it while the pass sums at most MAX_UNROLLED taps. Each pass
+    loads and stores the row's accumulators once, so a 3 x 3 convolution's taps summed
+    three to a pass spent as many memory accesses on them as on the input (a 64 to 4
+    channel convolution ran at half the speed of the same one as a GEMM)."""
+    count, taps = 1, red.reduce_extents[-1].value
+    for extent in reversed(red.reduce_extents[:-1]):
+        if taps * extent.value > MAX_UNROLLED:
+            break
+        count, taps = count + 1, taps * extent.value
+    return count
+
+
+def _segment(pattern: WindowPattern, acc: Buffer, ranges: dict[Var, Interval], unrolled: int,
+             begin: int, end: int, kind: str) -> Stmt:
+    """``acc[col] = op(acc[col], tap)`` for every position of the ``unrolled`` last window
+    axes, in the compute's order, for ``col`` in ``begin..end``, each tap simplified for
+    that range."""
     red = pattern.reduction
-    col, tap = red.axes[-1], red.reduce_axes[-1]
+    col, taps = red.axes[-1], red.reduce_axes[-unrolled:]
     known = {**ranges, col: Interval(begin, end - 1)}
     value = acc[(col,)]
-    for k in range(red.reduce_extents[-1].value):
+    for point in itertools.product(*(range(e.value) for e in red.reduce_extents[-unrolled:])):
+        at = dict(zip(taps, map(as_expr, point)))
         value = combine(red.reduce_op, value,
-                        simplify_expr(substitute(pattern.window, {tap: as_expr(k)}), known))
+                        simplify_expr(substitute(pattern.window, at), known))
     offset = Var(f"{col.name}_offset")
     update = Seq((Let(col, offset + begin), Store(acc, (col,), value)))
     return For(offset, end - begin, update, kind)

@@ -29,13 +29,15 @@ from treadle.schedule.templates.gemm.pattern import (ROLES, GemmPattern, left_va
 from treadle.schedule.templates.gemm.program import emit
 from treadle.schedule.templates.gemm.resolve import ResolvedGemm, resolve, sized_config
 from treadle.schedule.templates.gemm.space import gemm_space
+from treadle.schedule.templates.window_cpu import sliding_window
 from treadle.target.cpu import CpuTarget, host
 
 __all__ = ["GEMM", "GemmConfig", "GemmPattern", "GemmTemplate", "ResolvedGemm", "match_gemm",
            "match_gemm_output", "schedule_gemm", "with_constants"]
 
 # Below this many output columns a GEMM tile is mostly padding (depthwise convolution,
-# matrix-vector products); the window template or the rule-based loops serve those better.
+# matrix-vector products, a convolution to a few channels); the window template, the
+# swapped product or the rule-based loops serve those better.
 MIN_GEMM_COLUMNS = 8
 
 
@@ -47,9 +49,11 @@ class GemmTemplate:
         if len(op.definition) != 1:
             return None
         pattern = match_gemm_output(op.definition[0])
-        if pattern is not None and pattern.n_axes and not _wide_enough(pattern) \
-                and not _rows_of_k(pattern):
-            pattern = _swapped(pattern)
+        if pattern is not None and pattern.n_axes and not _wide_enough(pattern):
+            if sliding_window(op.definition[0]):
+                return None
+            if not _rows_of_k(pattern):
+                pattern = _swapped(pattern)
         if pattern is None or not _wide_enough(pattern):
             return None
         return replace(with_constants(pattern, op.constant_inputs),
@@ -124,10 +128,11 @@ def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPatte
 
 
 def _swapped(pattern: GemmPattern) -> GemmPattern:
-    """The same product with the factors' roles exchanged: a convolution to 3 channels is
-    3 columns of pixels wide, and 3 rows by pixels the other way round. (A product
-    without columns, as a depthwise convolution is, stays a window; a matrix times a few
-    columns stays dot products, see _rows_of_k.)"""
+    """The same product with the factors' roles exchanged: a 1 x 1 convolution to 3
+    channels is 3 columns of pixels wide, and 3 rows by pixels the other way round. (A
+    product without columns, as a depthwise convolution is, and a sliding convolution to
+    a few channels stay windows; a matrix times a few columns stays dot products, see
+    _rows_of_k.)"""
     return replace(pattern, left=pattern.right, right=pattern.left, m_axes=pattern.n_axes,
                    n_axes=pattern.m_axes)
 

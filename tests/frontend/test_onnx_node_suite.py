@@ -74,6 +74,8 @@ CURATED = (
     "test_unsqueeze_two_axes", "test_hannwindow_expanded",
     "test_resize_downsample_scales_linear_align_corners",
     "test_range_bfloat16_type_positive_delta", "test_attention_4d_causal_fp16_expanded",
+    "test_attention_4d_fp16", "test_attention_4d_causal_fp16",
+    "test_attention_4d_gqa_with_past_and_present_fp16",
 )
 
 

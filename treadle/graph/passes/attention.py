@@ -11,7 +11,8 @@ The common case becomes those operators:
 
     K = past_key ++ K       along the sequence, when there is a past (V alike); these
                             are the present_key and present_value outputs
-    S = Q Kᵀ · scale        K's heads repeated for grouped-query attention
+    S = Q Kᵀ · scale        K's heads repeated for grouped-query attention (half
+                            precision: Q·√scale times (K·√scale)ᵀ)
     S = S + bias            the float mask, or 0 / -inf from a boolean mask and the
                             causal frontier (key j <= query i + the past's length)
     Y = softmax(S) V        a row whose bias is -inf everywhere gives zeros
@@ -20,8 +21,10 @@ That case is a float32, float16 or bfloat16 node without the qk_matmul_output ou
 ``nonpad_kv_seqlen``, softcap or sliding window, and with a mask as wide as the keys; any
 other node is left to its definition. Every step rounds to the inputs' type, as the
 definition does, and the softmax runs in float32 when ``softmax_precision`` asks for it.
-Scaling the product once, rather than Q and K by the root of the scale each, differs in
-the last bit.
+In float32 the product is scaled once, which differs from scaling Q and K by the root of
+the scale each in the last bit; in float16 and bfloat16 a last bit is 1e-3 or more of the
+value (ONNX's own cases missed their tolerance), so there Q and K are scaled as the spec
+does.
 """
 from __future__ import annotations
 
@@ -65,10 +68,15 @@ def decompose_attention(node: Operator, inputs: list, readers=None
     v = present[1]
     if hq != hkv:
         k_t, v = _repeat_heads(p, k_t, hq // hkv, "k"), _repeat_heads(p, v, hq // hkv, "v")
-    scores = p.op("MatMul", [q, k_t], "qk")
     scale = node.attrs.get("scale")
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    scores = p.op("Mul", [scores, p.constant(scale, q.dtype, "scale")], "scaled")
+    if q.dtype == dtypes.float32:
+        scores = p.op("MatMul", [q, k_t], "qk")
+        scores = p.op("Mul", [scores, p.constant(scale, q.dtype, "scale")], "scaled")
+    else:  # the spec's rounding: Q and K times √scale, each rounded to the inputs' type
+        root = p.constant(math.sqrt(scale), q.dtype, "root")
+        scores = p.op("MatMul", [p.op("Mul", [q, root], "q_scaled"),
+                                 p.op("Mul", [k_t, root], "k_scaled")], "scaled")
     mask = _input(inputs, 3)
     offset = inputs[4].shape[2] if past else 0  # keys before the query block
     bias = _bias(p, mask, bool(node.attrs.get("is_causal", 0)), offset, q.shape[2],

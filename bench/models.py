@@ -72,7 +72,7 @@ BENCHMARKS = {
 }
 # Architectures outside the papers' five, whose layers the templates were not tuned for.
 WIDER = ("resnext50", "regnet_y_800mf", "res2net50", "cspdarknet53", "efficientnet_b0",
-         "mixnet_s", "candy", "segformer_b0")
+         "mixnet_s", "candy", "segformer_b0", "unet")
 BENCHMARKS.update({name: Benchmark(name, 1) for name in WIDER})
 PAPER = ("resnet50", "inception_v3", "mobilenet_v2", "bert", "gpt2", "resnet50_b4",
          "resnet50_b8")

@@ -61,7 +61,10 @@ CURATED = (
     # convolution and pooling (opset 22)
     "test_conv_with_strides_padding", "test_conv_with_autopad_same", "test_maxpool_2d_default",
     "test_maxpool_2d_pads", "test_averagepool_2d_default", "test_averagepool_2d_pads",
-    "test_globalaveragepool", "test_hardswish", "test_mish",
+    "test_globalaveragepool", "test_hardswish", "test_mish", "test_convtranspose",
+    "test_convtranspose_1d", "test_convtranspose_3d", "test_convtranspose_autopad_same",
+    "test_convtranspose_dilations", "test_convtranspose_group_2", "test_convtranspose_kernel_shape",
+    "test_convtranspose_output_shape", "test_convtranspose_pads",
     # data movement
     "test_concat_1d_axis_0", "test_concat_2d_axis_1", "test_concat_2d_axis_negative_2",
     "test_concat_3d_axis_0", "test_concat_3d_axis_2", "test_concat_3d_axis_negative_1",

@@ -20,7 +20,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("expecttest")  # torch's testing package imports it
 
-from bench.opinfo import FAILED, PASSED, float32_opinfos, op_name, run_op  # noqa: E402
+import torch  # noqa: E402
+
+from bench.opinfo import (FAILED, PASSED, as_accurate_as_eager, float32_opinfos,  # noqa: E402
+                          op_name, run_op)
 from treadle.config import config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +39,8 @@ CURATED = (
     # linear algebra
     "matmul", "addmm", "nn.functional.linear",
     # networks
-    "nn.functional.conv2d", "nn.functional.layer_norm", "native_group_norm",
+    "nn.functional.conv2d", "nn.functional.conv_transpose2d", "nn.functional.layer_norm",
+    "native_group_norm",
     "nn.functional.avg_pool1d", "nn.functional.adaptive_avg_pool2d",
     # data movement
     "cat", "index_select", "gather", "nn.functional.pad.constant",
@@ -54,6 +58,16 @@ def test_curated_opinfo_compiles_and_matches_eager(opinfos, name):
     problems = [f"sample {s.index}: {s.status}: {s.detail}" for s in outcome.samples
                 if s.status != PASSED]
     assert outcome.samples and not problems, "\n".join(problems)
+
+
+def test_float64_decides_between_results_beyond_the_tolerance():
+    """A sum that cancels: eager's float32 loses the 1 entirely, a result that kept it is
+    closer to float64 and passes; one off by 9 does not."""
+    values = torch.tensor([1e8, 1.0, -1e8])
+    eager = values.sum()
+    assert eager.item() == 0.0
+    assert as_accurate_as_eager(torch.sum, [values], torch.tensor(1.0), eager)
+    assert not as_accurate_as_eager(torch.sum, [values], torch.tensor(10.0), eager)
 
 
 @pytest.mark.slow

@@ -106,6 +106,32 @@ def test_module_with_symbolic_batch_runs_any_batch(tmp_path):
             _close(compiled(x), model(x))
 
 
+class Decoder(torch.nn.Module):
+    """Transposed convolutions as a U-Net's or a GAN's decoder has them: a stride-2
+    upsampling, a grouped one with output padding, a stride-1 one to three channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.ConvTranspose2d(6, 8, 4, stride=2, padding=1)
+        self.grouped = torch.nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1,
+                                                output_padding=1, groups=2, bias=False)
+        self.out = torch.nn.ConvTranspose2d(4, 3, 3, padding=1, dilation=1)
+        self.line = torch.nn.ConvTranspose1d(3, 2, 5, stride=3)
+
+    def forward(self, x):
+        y = torch.tanh(self.out(torch.relu(self.grouped(torch.relu(self.up(x))))))
+        return y, self.line(y.flatten(2))
+
+
+@pytest.mark.parametrize("size", [(1, 1), (5, 7), (13, 6)])
+def test_transposed_convolutions_match_eager(size, fresh_dynamo):
+    model = Decoder().eval()
+    x = torch.randn(2, 6, *size)
+    with torch.no_grad():
+        _close(torch.compile(model, backend="treadle")(x), model(x))
+        _close(treadle.compile(model, x)(x), model(x))
+
+
 class Sdpa(torch.nn.Module):
     """scaled_dot_product_attention as transformers' "sdpa" layers call it."""
 

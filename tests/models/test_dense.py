@@ -46,3 +46,13 @@ def test_efficientvit_block_keeps_its_input_shape():
 def test_efficientvit_block_rejects_partial_heads():
     with pytest.raises(ValueError, match="24 channels do not split into heads of 16"):
         dense.efficientvit_block(channels=24)
+
+
+def test_unet_has_the_published_size_and_keeps_the_image_size():
+    # At the paper's width of 64, with batch norms: the common PyTorch U-Net's 31.04M
+    # parameters for 3 input channels and 2 classes.
+    assert parameters(dense.unet(width=64)) == 31_043_586
+    model = dense.unet(width=4, depth=3).eval()
+    assert sum(isinstance(m, torch.nn.ConvTranspose2d) for m in model.modules()) == 3
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, 40, 24)).shape == (2, 2, 40, 24)

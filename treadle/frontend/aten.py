@@ -759,20 +759,35 @@ def _linear(call: Call, x, weight, bias=None):
       "_convolution.default")
 def _convolution(call: Call, x, weight, bias=None, stride=1, padding=0, dilation=1,
                  *rest):
-    spatial = x.rank - 2
-    transposed, groups = False, 1
+    transposed, output_padding, groups = False, 0, 1
     if call.node.target._opname in ("convolution", "_convolution"):
-        transposed, groups = rest[0], rest[2]  # rest[1]: output padding, when transposed
+        transposed, output_padding, groups = rest[:3]
     elif rest:
         groups = rest[0]
-    if transposed:
-        raise UnsupportedOpError(f"{call.where}: transposed convolution is not supported")
+    return _conv(call, x, weight, bias, stride, padding, dilation, groups,
+                 output_padding if transposed else None)
+
+
+@aten("conv_transpose1d.default", "conv_transpose2d.input", "conv_transpose3d.input")
+def _conv_transpose(call: Call, x, weight, bias=None, stride=1, padding=0, output_padding=0,
+                    groups=1, dilation=1):
+    return _conv(call, x, weight, bias, stride, padding, dilation, groups, output_padding)
+
+
+def _conv(call: Call, x, weight, bias, stride, padding, dilation, groups, output_padding):
+    """Conv, or ConvTranspose where ``output_padding`` is given (torch's transposed
+    convolution takes away ``padding`` from both ends of its output, as ONNX's pads do)."""
+    spatial = x.rank - 2
     if isinstance(padding, str):
         raise UnsupportedOpError(f"{call.where}: padding {padding!r} (give sizes)")
     pads = _window(padding, spatial)
     inputs = [x, weight] + ([bias] if bias is not None else [])
-    return call.op("Conv", *inputs, strides=_window(stride, spatial), pads=pads + pads,
-                   dilations=_window(dilation, spatial), group=groups)
+    attrs = dict(strides=_window(stride, spatial), pads=pads + pads,
+                 dilations=_window(dilation, spatial), group=groups)
+    if output_padding is None:
+        return call.op("Conv", *inputs, **attrs)
+    return call.op("ConvTranspose", *inputs, output_padding=_window(output_padding, spatial),
+                   **attrs)
 
 
 # ---- normalisation ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""A model zoo for tests, benchmarks and the demo: fourteen standard networks with random
+"""A model zoo for tests, benchmarks and the demo: fifteen standard networks with random
 weights.
 
 ``export_onnx(name, path)`` writes one as an ONNX file and returns a ``ModelSpec`` (input
@@ -8,7 +8,7 @@ model, with the same weights, as a torch module. Each model has size knobs and a
 ``torch.nn`` (``cnn.py``, and ``vision.py`` for the grouped, multi-scale, Mish,
 squeeze-and-excitation and mixed-kernel ones), the transformers are built from
 ``transformers`` configs (``transformer.py``), and of the models whose output is a feature
-map (``dense.py``), Candy and the EfficientViT block are plain ``torch.nn`` and
+map (``dense.py``), Candy, U-Net and the EfficientViT block are plain ``torch.nn`` and
 Segformer-B0 a ``transformers`` config. torch is an optional dependency of treadle, so it
 is imported only when a model is built.
 """

@@ -1,13 +1,16 @@
-"""Three models that map a feature map to a feature map, among the benchmarks of the Korch
-paper (kernel orchestration, ASPLOS 2024): Candy style transfer, Segformer-B0 segmentation
-and an EfficientViT block.
+"""Models that map a feature map to a feature map: three among the benchmarks of the Korch
+paper (kernel orchestration, ASPLOS 2024), Candy style transfer, Segformer-B0 segmentation
+and an EfficientViT block; and U-Net segmentation, whose decoder upsamples by transposed
+convolutions.
 
 Candy is Johnson et al.'s fast-neural-style network (the ONNX model zoo's "candy"), built
 in plain ``torch.nn``: reflection padding, instance norms and nearest upsampling. The
 EfficientViT block is the unit of EfficientViT (Cai et al., ICCV 2023): ReLU linear
 attention with multi-scale tokens, then an MBConv. Segformer-B0 comes from a
 ``transformers`` config (imported only when it is built); its encoder mixes attention over
-reduced keys with depthwise convolutions, its head bilinear upsampling.
+reduced keys with depthwise convolutions, its head bilinear upsampling. U-Net
+(Ronneberger et al., MICCAI 2015) is plain ``torch.nn``, with batch norms after its
+convolutions, as most of its uses have.
 
 Every builder returns a module of one float NCHW input, which records the input's name and
 channel count and the output's name (``input_name``, ``in_channels``, ``output_name``)
@@ -67,6 +70,46 @@ def candy(*, width: int = 32, blocks: int = 5) -> nn.Module:
         *_upsample_conv(2 * width, width),
         *_reflect_conv(width, 3, 9))
     _declare(model, "image", 3, "stylized")
+    return model
+
+
+# U-Net.
+
+def _double_conv(cin: int, cout: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(),
+                         nn.Conv2d(cout, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU())
+
+
+class UNet(nn.Module):
+    """Each level of the encoder doubles the channels and halves the image (max pooling);
+    each level of the decoder upsamples by a 2x2 transposed convolution of stride 2,
+    concatenates the encoder's features of that size and convolves them."""
+
+    def __init__(self, width: int, depth: int, classes: int):
+        super().__init__()
+        channels = [width * 2 ** level for level in range(depth + 1)]
+        self.down = nn.ModuleList(_double_conv(a, b) for a, b in zip([3] + channels, channels))
+        self.pool = nn.MaxPool2d(2)
+        self.up = nn.ModuleList(nn.ConvTranspose2d(b, a, 2, stride=2)
+                                for a, b in zip(channels, channels[1:]))
+        self.merge = nn.ModuleList(_double_conv(2 * a, a) for a in channels[:-1])
+        self.head = nn.Conv2d(width, classes, 1)
+
+    def forward(self, x):
+        skips = []
+        for level in self.down[:-1]:
+            skips.append(level(x))
+            x = self.pool(skips[-1])
+        x = self.down[-1](x)
+        for up, merge, skip in reversed(list(zip(self.up, self.merge, skips))):
+            x = merge(torch.cat([up(x), skip], dim=1))
+        return self.head(x)
+
+
+def unet(*, width: int = 32, depth: int = 4, classes: int = 2) -> nn.Module:
+    """U-Net by default at half the paper's width; ``depth`` counts the poolings."""
+    model = UNet(width, depth, classes)
+    _declare(model, "image", 3, "mask")
     return model
 
 

@@ -97,6 +97,7 @@ MODELS: dict[str, Recipe] = {
                            dict(depths=(1, 1, 1, 1), hidden_sizes=(16, 32, 40, 64),
                                 decoder_hidden=32, num_labels=10), 512, 64),
     "efficientvit_block": Recipe("dense", "efficientvit_block", {}, dict(channels=32), 32, 16),
+    "unet": Recipe("dense", "unet", {}, dict(width=4, depth=2), 256, 36),
     "resnext50": Recipe("vision", "resnext50_32x4d", {},
                         dict(blocks=(2, 1, 1, 1), width=8, groups=4, group_width=4,
                              num_classes=10), 224, 64),

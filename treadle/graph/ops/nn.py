@@ -602,6 +602,31 @@ def _spatial_input(ctx: OpContext, float_only: bool = True) -> Buffer:
     return x
 
 
+def _weight_shape(ctx: OpContext, x: Buffer, w: Buffer) -> list[int]:
+    """A convolution's weight shape, which must be static and of the input's rank."""
+    if w.rank != x.rank:
+        raise ctx.error(f"weight rank {w.rank} differs from input rank {x.rank}")
+    fixed = [normalize_dim(d) for d in w.shape]
+    if not all(isinstance(d, int) for d in fixed):
+        raise ctx.unsupported(f"weight shape {[str(d) for d in w.shape]} must be static")
+    return fixed
+
+
+def _kernel_and_group(ctx: OpContext, kernel: Sequence[int], channels: int, what: str
+                      ) -> tuple[tuple[int, ...], int]:
+    """The weight's spatial shape, which ``kernel_shape`` must repeat where given, and the
+    group count, which must divide the ``channels`` ``what``."""
+    kernel = tuple(kernel)
+    if ctx.attr("kernel_shape") is not None \
+            and _ints(ctx, "kernel_shape", len(kernel), 1) != kernel:
+        raise ctx.error(f"kernel_shape {list(ctx.attr('kernel_shape'))} differs from the "
+                        f"weight's spatial shape {list(kernel)}")
+    group = int(ctx.attr("group", 1))
+    if group < 1 or channels % group:
+        raise ctx.error(f"group {group} must be positive and divide the {channels} {what}")
+    return kernel, group
+
+
 def _conv(ctx: OpContext, layout: Layout):
     """ONNX Conv; channels-last, the input is N x spatial x C and the weight
     kernel x C/group x M (reduction axes kernel-major, so an implicit GEMM's packing
@@ -609,22 +634,12 @@ def _conv(ctx: OpContext, layout: Layout):
     x, w = _spatial_input(ctx), ctx.input(1)
     dtype = same_dtype(ctx, x, w)
     nsp = x.rank - 2
-    if w.rank != x.rank:
-        raise ctx.error(f"weight rank {w.rank} differs from input rank {x.rank}")
-    fixed = [normalize_dim(d) for d in w.shape]
-    if not all(isinstance(d, int) for d in fixed):
-        raise ctx.unsupported(f"weight shape {[str(d) for d in w.shape]} must be static")
+    fixed = _weight_shape(ctx, x, w)
     if layout.channels_last:
         *kernel, group_channels, m = fixed
     else:
         m, group_channels, *kernel = fixed
-    kernel = tuple(kernel)
-    if ctx.attr("kernel_shape") is not None and _ints(ctx, "kernel_shape", nsp, 1) != kernel:
-        raise ctx.error(f"kernel_shape {list(ctx.attr('kernel_shape'))} differs from the "
-                        f"weight's spatial shape {list(kernel)}")
-    group = int(ctx.attr("group", 1))
-    if group < 1 or m % group:
-        raise ctx.error(f"group {group} must be positive and divide the {m} output channels")
+    kernel, group = _kernel_and_group(ctx, kernel, m, "output channels")
     batch, channels, sizes = layout.split(x.shape)
     _same_size(ctx, channels, group_channels * group,
                f"input channels must be group ({group}) x weight channels ({group_channels})")
@@ -645,6 +660,91 @@ def _conv(ctx: OpContext, layout: Layout):
         return [_finish(ctx, product, dtype)]
     bias = _per_channel(ctx, 2, as_expr(m))
     return [_finish(ctx, product, dtype, lambda i, v: v + cast(bias[layout.split(i)[1]], acc))]
+
+
+@dataclass(frozen=True)
+class TransposedWindow:
+    """Where ConvTranspose puts each input pixel: input position i with tap k lands on
+    output position ``i * stride - begin + k * dilation``. ``begin`` is negative where
+    ``output_shape`` asks for more outputs than the pads give."""
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    begin: tuple[Dim, ...]
+    out: tuple[Dim, ...]
+
+
+def transposed_window(ctx: OpContext, sizes: Sequence[Dim], kernel: tuple[int, ...]
+                      ) -> TransposedWindow:
+    """ConvTranspose's geometry, as ONNX's reference computes it: explicit pads, or the
+    padding that ``output_shape`` (or ``auto_pad`` SAME, ``stride`` times the input)
+    implies, its odd element at the end for SAME_UPPER and at the beginning otherwise."""
+    n = len(sizes)
+    strides = _ints(ctx, "strides", n, 1)
+    dilations = _ints(ctx, "dilations", n, 1)
+    extra = _ints(ctx, "output_padding", n, 0, low=0)
+    if any(e >= max(s, d) for e, s, d in zip(extra, strides, dilations)):
+        raise ctx.error(f"output_padding {list(extra)} must be less than the stride or "
+                        "the dilation along each axis")
+    auto_pad = _text(ctx.attr("auto_pad", "NOTSET"))
+    if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        raise ctx.error(f"auto_pad {auto_pad!r} is not one of NOTSET, SAME_UPPER, "
+                        "SAME_LOWER, VALID")
+    sizes = [normalize_dim(d) for d in sizes]
+    full = [normalize_dim(s * (i - 1) + e + (k - 1) * d + 1)
+            for i, k, s, d, e in zip(sizes, kernel, strides, dilations, extra)]
+    shape = ctx.attr("output_shape")
+    if shape is not None or auto_pad.startswith("SAME"):
+        wanted = (_ints(ctx, "output_shape", n, 1) if shape is not None
+                  else [normalize_dim(i * s) for i, s in zip(sizes, strides)])
+        totals = [normalize_dim(f - w) for f, w in zip(full, wanted)]
+        if not all(isinstance(t, int) for t in totals):
+            raise ctx.unsupported("output_shape or auto_pad SAME with a symbolic spatial size")
+        begin = tuple(t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in totals)
+        return TransposedWindow(kernel, strides, dilations, begin, tuple(wanted))
+    pads = _ints(ctx, "pads", 2 * n, 0, low=0) if auto_pad == "NOTSET" else (0,) * (2 * n)
+    out = tuple(normalize_dim(f - pads[d] - pads[d + n]) for d, f in enumerate(full))
+    if any(isinstance(o, int) and o < 1 for o in out):
+        raise ctx.error(f"the pads {list(pads)} leave no output (before padding: "
+                        f"{[str(f) for f in full]})")
+    return TransposedWindow(kernel, strides, dilations, pads[:n], out)
+
+
+@register("ConvTranspose")
+def _conv_transpose(ctx: OpContext):
+    """ONNX ConvTranspose: every input pixel adds its channels times the kernel's taps
+    into the output. Here each output element gathers the taps that land on it (an input
+    position ``(o + begin - k * dilation) / stride`` that divides and lies inside);
+    ``passes.conv_transpose`` turns one with constant weights into a Conv, and this
+    definition runs the others."""
+    x, w = _spatial_input(ctx), ctx.input(1)
+    dtype = same_dtype(ctx, x, w)
+    nsp = x.rank - 2
+    channels, per_group, *kernel = _weight_shape(ctx, x, w)
+    kernel, group = _kernel_and_group(ctx, kernel, channels, "input channels")
+    batch, x_channels, sizes = NCHW.split(x.shape)
+    _same_size(ctx, x_channels, channels, "input channels must match the weight's first axis")
+    win = transposed_window(ctx, sizes, kernel)
+    acc, group_channels = accumulator(dtype), channels // group
+
+    def element(n, oc, *rest):
+        out, (c, *taps) = rest[:nsp], rest[nsp:]
+        conds, index = [], []
+        for o, k, s, b, d, size in zip(out, taps, win.strides, win.begin, win.dilations,
+                                       sizes):
+            p = o + b - k * d
+            conds += [p >= 0, p < size * s] + ([eq(p % s, 0)] if s > 1 else [])
+            index.append(minimum(maximum(p, 0) // s, as_expr(size) - 1))
+        channel = oc // per_group * group_channels + c
+        weight = w[(channel, oc % per_group, *taps)]
+        value = cast(x[(n, channel, *index)], acc) * cast(weight, acc)
+        return select(logical_and(*conds), value, _c(0, acc))
+    product = reduce("conv_transpose", (batch, per_group * group, *win.out),
+                     [group_channels, *kernel], element)
+    if not ctx.has_input(2):
+        return [_finish(ctx, product, dtype)]
+    bias = _per_channel(ctx, 2, as_expr(per_group * group))
+    return [_finish(ctx, product, dtype, lambda i, v: v + cast(bias[i[1]], acc))]
 
 
 @register("ChannelsLastGroupConv", internal=True)

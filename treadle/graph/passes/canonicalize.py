@@ -6,6 +6,8 @@
   plain MatMul and an element-wise epilogue;
 * Attention's common case becomes MatMul / Softmax / MatMul (``passes.attention``), for
   the same reason;
+* ConvTranspose with constant weights becomes one Conv of its stride phases and a pixel
+  shuffle (``passes.conv_transpose``);
 * BatchNormalization after a convolution with constant weights is folded into them;
   elsewhere it becomes a per-channel multiply-add;
 * a dense (or grouped GEMM) convolution with explicit padding reads a padded copy of its input
@@ -28,6 +30,7 @@ from treadle.errors import ModelError
 from treadle.graph.ops.transform import index_bounds, out_of_range
 from treadle.graph.passes.attention import decompose_attention
 from treadle.graph.passes.channels_last import grouped_gemm
+from treadle.graph.passes.conv_transpose import decompose_conv_transpose
 from treadle.graph.passes.fold_constants import small_contents
 from treadle.graph.rewrite import consumers, reapply, rewrite_graph, sole_reader
 from treadle.graph.tensor import Tensor, constant
@@ -215,6 +218,7 @@ RULES: dict[str, Rule] = {
     "Attention": decompose_attention,
     "BatchNormalization": _batch_norm,
     "Conv": _conv_padding,
+    "ConvTranspose": decompose_conv_transpose,
     "Mul": _mish,
     "Gather": _check_indices,
     "GatherElements": _check_indices,

@@ -1,0 +1,124 @@
+"""ConvTranspose with constant weights as one Conv and a pixel shuffle.
+
+A transposed convolution scatters each input pixel, times the kernel, over the output.
+Its definition (``graph.ops.nn``) gathers instead: every output element tests each tap
+for an input pixel behind it, and with stride s only one tap in s lands, so the
+rule-based kernel spends its time on selects (16 to 3 channels, 4 x 4 taps, stride 2,
+64 x 64 pixels: 7.9 ms, ONNX Runtime 0.17 ms).
+
+Along an axis with stride s, the outputs of one phase r (positions o + begin = q s + r)
+each take the taps k with k ≡ r (mod s), from input positions q - k div s: a plain
+convolution of the input with those taps, reversed. Every phase of every axis becomes
+output channels of one Conv over the input (the groups' phases next to each other, so a
+grouped ConvTranspose stays one grouped Conv):
+
+    Conv(x, W', pads)             N x (G·P·M) x Q...   P phases, M channels per group
+    Transpose, Reshape,           N x (Q·s)... x (G·M) each phase's pixels interleaved,
+      Transpose, Reshape                               channels last
+    Slice                         the output's pixels (the pads and output_padding)
+    Transpose                     N x (G·M) x out...
+
+Each phase's kernel has ceil(k / s) taps, the kernel padded with zero taps where s does
+not divide it; dilation first spreads the kernel with zeros. The Conv pads its input so
+that every phase covers the whole output, and the Slice keeps it. The Conv runs on the
+GEMM template like any other, channels last; the shuffle moves runs of channels, and
+fuses into the Conv's stores or the next kernel.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+from treadle.graph.operator import OpContext, Operator
+from treadle.graph.ops.nn import transposed_window
+from treadle.graph.passes.fission import Primitives
+from treadle.graph.tensor import Tensor, constant, normalize_dim
+
+
+def decompose_conv_transpose(node: Operator, inputs: list, readers=None
+                             ) -> Optional[Sequence[Tensor]]:
+    """The node as Conv and a pixel shuffle, or None where it keeps its definition (a
+    weight or bias computed at run time, a symbolic spatial size)."""
+    x, w = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    sizes = [normalize_dim(d) for d in x.shape[2:]]
+    if not w.is_constant or (bias is not None and not bias.is_constant) \
+            or not all(isinstance(d, int) for d in sizes):
+        return None
+    ctx = OpContext(node.op_type, node.name, inputs, node.attrs)
+    win = transposed_window(ctx, sizes, tuple(w.shape[2:]))
+    group = int(node.attrs.get("group", 1))
+    taps = [math.ceil(((k - 1) * d + 1) / s)
+            for k, d, s in zip(win.kernel, win.dilations, win.strides)]
+    # The phase rows q that hold output positions begin .. begin + out: first, rows
+    # before the input (shift) where output_shape asks for more than the pads give; then
+    # from the first row needed (skip) to the last (rows).
+    shift = [max(0, -b) // s + (max(0, -b) % s > 0) for b, s in zip(win.begin, win.strides)]
+    start = [b + e * s for b, e, s in zip(win.begin, shift, win.strides)]
+    skip = [min(a // s, t - 1 + e) for a, s, t, e in zip(start, win.strides, taps, shift)]
+    rows = [(a + o - 1) // s + 1 - k for a, o, s, k in zip(start, win.out, win.strides, skip)]
+    before = [t - 1 + e - k for t, e, k in zip(taps, shift, skip)]
+    after = [max(0, q - i + t - 1 - b) for q, i, t, b in zip(rows, sizes, taps, before)]
+    start = [a - k * s for a, k, s in zip(start, skip, win.strides)]
+    p = Primitives(node)
+    weight = _phase_weights(w.data, group, win.strides, win.dilations, taps)
+    conv_inputs = [x, constant(weight, f"{node.name}/phase_weight")]
+    if bias is not None:
+        phases = math.prod(win.strides)
+        tiled = np.tile(bias.data.reshape(group, 1, -1), (1, phases, 1)).reshape(-1)
+        conv_inputs.append(constant(tiled, f"{node.name}/phase_bias"))
+    y = p.op("Conv", conv_inputs, "phases", group=group, pads=before + after)
+    rank = len(sizes)
+    if all(s == 1 for s in win.strides):
+        return [_cropped(p, y, start, win.out, 2)]
+    y = _interleaved(p, y, group, w.shape[1], win.strides)
+    y = _cropped(p, y, start, win.out, 1)
+    return [p.op("Transpose", [y], "to_nchw", perm=[0, rank + 1, *range(1, rank + 1)])]
+
+
+def _cropped(p: Primitives, y: Tensor, start: Sequence[int], out: Sequence[int],
+             axis: int) -> Tensor:
+    """``out`` positions of ``y`` from ``start`` along the spatial axes from ``axis``."""
+    if all(a == 0 for a in start) and list(y.shape[axis:axis + len(out)]) == list(out):
+        return y
+    return p.op("Slice", [y, p.shape(start, "starts"),
+                          p.shape([a + o for a, o in zip(start, out)], "ends"),
+                          p.shape(list(range(axis, axis + len(out))), "axes")], "crop")
+
+
+def _phase_weights(w: np.ndarray, group: int, strides: Sequence[int],
+                   dilations: Sequence[int], taps: Sequence[int]) -> np.ndarray:
+    """The Conv's weights, (G·P·M) x C/G x taps...: phase r of an axis takes the taps
+    r, r + s, ... of the (dilated) kernel, reversed."""
+    channels, per_group, *kernel = w.shape
+    rank = len(kernel)
+    spread = np.zeros((channels, per_group, *(s * t for s, t in zip(strides, taps))), w.dtype)
+    spread[(slice(None), slice(None), *(slice(0, (k - 1) * d + 1, d)
+                                        for k, d in zip(kernel, dilations)))] = w
+    # axes: G, C/G, M, then (taps, phase) per spatial axis
+    split = spread.reshape(group, channels // group, per_group,
+                           *(n for t, s in zip(taps, strides) for n in (t, s)))
+    split = np.flip(split, axis=tuple(3 + 2 * a for a in range(rank)))
+    order = [0, *(4 + 2 * a for a in range(rank)), 2, 1, *(3 + 2 * a for a in range(rank))]
+    return np.ascontiguousarray(split.transpose(order)).reshape(-1, channels // group, *taps)
+
+
+def _interleaved(p: Primitives, y: Tensor, group: int, per_group: int,
+                 strides: Sequence[int]) -> Tensor:
+    """N x (G·P·M) x Q... as N x (Q·s)... x (G·M), channels last: phase r of each axis at
+    positions q s + r. The shuffle moves whole runs of M channels, and the Conv's own
+    transposition back from channels-last cancels against the first Transpose here
+    (``passes.channels_last``), as does the last one against a next convolution's."""
+    rank = len(strides)
+    q = [normalize_dim(d) for d in y.shape[2:]]
+    y = p.op("Transpose", [y], "to_nhwc", perm=[0, *range(2, rank + 2), 1])
+    y = p.op("Reshape", [y, p.shape([0, *q, group, *strides, per_group], "phase_shape")],
+             "phase_split")
+    # axes: N, Q..., G, s..., M -> N, (Q, s)..., G, M
+    perm = [0, *(n for a in range(rank) for n in (1 + a, 2 + rank + a)), 1 + rank,
+            2 + 2 * rank]
+    y = p.op("Transpose", [y], "phase_order", perm=perm)
+    return p.op("Reshape", [y, p.shape([0, *(a * s for a, s in zip(q, strides)),
+                                        group * per_group], "shuffled_shape")], "shuffled")

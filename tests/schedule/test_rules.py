@@ -114,3 +114,32 @@ def test_cheap_value_read_twice_is_inlined_into_both():
     # The input is read by the maximum, the sum and the output (x * 2 inlined into both).
     x = kernel.function.params[0]
     assert sum(isinstance(n, Load) and n.buffer == x for n in walk(kernel.function.body)) == 3
+
+
+def _rows(func) -> str:
+    (rows,) = [n for n in walk(func.body) if isinstance(n, For) and n.kind == "parallel"]
+    return rows.var.name
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 7, 3), (1, 13, 1, 17), (3, Var("H"), 11, 6)])
+def test_a_transposition_walks_its_rows_with_the_input_contiguous_axis_fastest(shape):
+    """N x H x W x C returned as N x C x H x W: the channel, the input's contiguous axis,
+    is the fastest of the row coordinates (the row index modulo C), so consecutive rows
+    read the same cache lines; a per-channel bias, constant along the row, keeps the
+    computes' order. Both mean what numpy's transpose does, through the interpreter."""
+    n, h, w, c = shape
+    x = Buffer("x", dtypes.float32, (n, h, w, c))
+    bias = Buffer("b", dtypes.float32, (c,))
+    out = compute("t", [n, c, h, w], lambda i, j, k, m: x[i, k, m, j] + bias[j])
+    func = schedule_computes("to_nchw", [x, bias], [out]).function
+    verify(func)
+    assert f"{_rows(func)} % {c}" in str(func)
+    plain = compute("p", [n, c, h, w], lambda i, j, k, m: bias[j] * 2.0)
+    kept = schedule_computes("bias", [bias], [plain]).function
+    assert f"{_rows(kept)} % {c}" not in str(kept)
+    sizes = [7 if isinstance(d, Var) else d for d in shape]
+    xs = np.random.default_rng(1).standard_normal(sizes).astype(np.float32)
+    bs = np.arange(c, dtype=np.float32)
+    y = np.empty([sizes[0], c, sizes[1], sizes[2]], np.float32)
+    interpret(func, xs, bs, y)
+    np.testing.assert_array_equal(y, xs.transpose(0, 3, 1, 2) + bs[:, None, None])

@@ -277,7 +277,9 @@ def _loop_nest(group: list[Compute], inline: Inliner) -> Stmt:
     outer_count = as_expr(1)
     for d in outer_shape:
         outer_count = outer_count * d
-    coords = unravel(row, outer_shape)
+    order = _row_order(group, inline)
+    unravelled = unravel(row, [outer_shape[a] for a in order])
+    coords = [unravelled[order.index(a)] for a in range(len(outer_shape))]
     rows: list[Stmt] = []
     for k, member in enumerate(group):
         j = Var(f"{member.name}_j")
@@ -288,6 +290,31 @@ def _loop_nest(group: list[Compute], inline: Inliner) -> Stmt:
         lets, element = _hoist_row_values(element, {g.buffer for g in group[:k]}, j)
         rows += [*lets, For(j, member.shape[-1], element)]
     return For(row, outer_count, seq(rows), "parallel")
+
+
+def _row_order(group: list[Compute], inline: Inliner) -> list[int]:
+    """The order of the row axes, outermost first: as the computes' own, but where a
+    load's last index is a row axis (a transposition: a channels-last result returned N x
+    C x H x W), that axis varies fastest, so consecutive rows read the same cache lines.
+    In the computes' order, the rows of one channel walked a whole image of lines
+    before the next channel came back to them (a 150 x 128 x 128 transposition: 1.09 ms,
+    0.72 ms this way). A load constant along the row (a per-channel bias) keeps the
+    order."""
+    count = len(group[0].axes) - 1
+    for member in group:
+        for n in walk(inline(member.value)):
+            if isinstance(n, Load) and n.indices and n.indices[-1] in member.axes[:-1] \
+                    and _strided_along(n, member.axes[-1]):
+                fastest = member.axes.index(n.indices[-1])
+                return [a for a in range(count) if a != fastest] + [fastest]
+    return list(range(count))
+
+
+def _strided_along(load: Load, inner: Var) -> bool:
+    """Whether ``load`` moves along the row (``inner``) by more than one element: the
+    row's axis is in an index before its last."""
+    return any(inner in free_vars(i) for i in load.indices[:-1]) \
+        and inner not in free_vars(load.indices[-1])
 
 
 def _column_reduction(c: Compute, inline: Inliner) -> bool:

@@ -120,3 +120,17 @@ def test_bad_attributes_name_the_node(attrs, message):
     x = Tensor("x", "float32", [1, 3, 2, 2])
     with pytest.raises(ShapeError, match=f"(?s)bad_up.*{message}"):
         apply("ConvTranspose", [x, constant(random_array((3, 2, 3, 3)))], attrs, "bad_up")
+
+
+@pytest.mark.parametrize("kernel, stride, group, shapes", [
+    (4, 2, 1, [(2, 2)]),                                  # the stride divides the kernel
+    (3, 2, 1, [(2, 2), (2, 1), (1, 2), (1, 1)]),          # one Conv per phase, its own taps
+    (3, 2, 2, [(2, 2)]),                                  # grouped: one Conv, zero taps
+])
+def test_phases_share_one_conv_unless_that_pads_many_taps(kernel, stride, group, shapes):
+    x = Tensor("x", "float32", ["n", 4, 5, 6])
+    w = constant(random_array((4, 3, kernel, kernel), seed=8))
+    y = apply("ConvTranspose", [x, w], {"strides": [stride] * 2, "group": group})[0]
+    convs = [op for op in canonicalize(Graph.from_outputs([x], [y])).nodes
+             if op.op_type == "Conv"]
+    assert [tuple(c.inputs[1].shape[2:]) for c in convs] == shapes

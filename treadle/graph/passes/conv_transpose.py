@@ -19,13 +19,18 @@ grouped ConvTranspose stays one grouped Conv):
     Transpose                     N x (G·M) x out...
 
 Each phase's kernel has ceil(k / s) taps, the kernel padded with zero taps where s does
-not divide it; dilation first spreads the kernel with zeros. The Conv pads its input so
-that every phase covers the whole output, and the Slice keeps it. The Conv runs on the
+not divide it; dilation first spreads the kernel with zeros. Where that pads many taps
+(a 3 x 3 kernel at stride 2: 16 taps for the four phases' 9), each phase is a Conv of its
+own taps instead, the phases concatenated along the channels (CycleGAN's decoder: 59 ms
+against 71 as one Conv). The Conv pads its input so that every phase covers the whole
+output, and the Slice keeps it. The Conv runs on the
 GEMM template like any other, channels last; the shuffle moves runs of channels, and
 fuses into the Conv's stores or the next kernel.
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from typing import Optional, Sequence
 
@@ -63,13 +68,18 @@ def decompose_conv_transpose(node: Operator, inputs: list, readers=None
     after = [max(0, q - i + t - 1 - b) for q, i, t, b in zip(rows, sizes, taps, before)]
     start = [a - k * s for a, k, s in zip(start, skip, win.strides)]
     p = Primitives(node)
-    weight = _phase_weights(w.data, group, win.strides, win.dilations, taps)
-    conv_inputs = [x, constant(weight, f"{node.name}/phase_weight")]
-    if bias is not None:
-        phases = math.prod(win.strides)
-        tiled = np.tile(bias.data.reshape(group, 1, -1), (1, phases, 1)).reshape(-1)
-        conv_inputs.append(constant(tiled, f"{node.name}/phase_bias"))
-    y = p.op("Conv", conv_inputs, "phases", group=group, pads=before + after)
+    exact = _exact_taps(win)
+    if group == 1 and sum(map(math.prod, exact)) * MAX_PADDED_TAPS < math.prod(
+            [*taps, *win.strides]):
+        y = _phase_convs(p, x, w, bias, win, exact, [sizes, shift, skip, rows])
+    else:
+        weight = _phase_weights(w.data, group, win.strides, win.dilations, taps)
+        conv_inputs = [x, constant(weight, f"{node.name}/phase_weight")]
+        if bias is not None:
+            phases = math.prod(win.strides)
+            tiled = np.tile(bias.data.reshape(group, 1, -1), (1, phases, 1)).reshape(-1)
+            conv_inputs.append(constant(tiled, f"{node.name}/phase_bias"))
+        y = p.op("Conv", conv_inputs, "phases", group=group, pads=before + after)
     rank = len(sizes)
     if all(s == 1 for s in win.strides):
         return [_cropped(p, y, start, win.out, 2)]
@@ -88,15 +98,66 @@ def _cropped(p: Primitives, y: Tensor, start: Sequence[int], out: Sequence[int],
                           p.shape(list(range(axis, axis + len(out))), "axes")], "crop")
 
 
+# How many times the taps it needs the one Conv of every phase may compute: where the
+# stride does not divide the kernel, the phases that have fewer taps are padded with zero
+# taps (3 x 3 taps at stride 2: 16 taps for the 9 of the four phases).
+MAX_PADDED_TAPS = 4 / 3
+
+
+def _exact_taps(win) -> list[tuple[int, ...]]:
+    """Each phase's taps along each axis, phases in row-major order of their offsets."""
+    per_axis = [[max(0, -(-((k - 1) * d + 1 - r) // s)) for r in range(s)]
+                for k, d, s in zip(win.kernel, win.dilations, win.strides)]
+    return list(itertools.product(*per_axis))
+
+
+def _phase_convs(p: Primitives, x: Tensor, w: Tensor, bias: Optional[Tensor], win,
+                 exact: Sequence[tuple[int, ...]], grid: Sequence[Sequence[int]]) -> Tensor:
+    """One Conv per phase with its own taps (group 1), concatenated along the channels
+    in phase order, as the one Conv of every phase lays them out. Along each axis, a
+    phase's Conv reads its taps m = lo .. hi (zero outside the kernel: hi reaches the
+    first row needed, lo keeps the end padding from going negative), so that every
+    phase computes the same rows."""
+    sizes, shift, skip, rows = grid
+    spread = _dilated(w.data, win.dilations)
+    outputs = []
+    for k, phase in enumerate(itertools.product(*(range(s) for s in win.strides))):
+        index, before, after = [], [], []
+        for a, (r, t) in enumerate(zip(phase, exact[k])):
+            s, e = win.strides[a], shift[a]
+            lo = min(0, rows[a] - e + skip[a] - sizes[a])
+            hi = max(t - 1, skip[a] - e, lo)
+            index.append(r + (hi - np.arange(hi - lo + 1)) * s)
+            before.append(hi + e - skip[a])
+            after.append(rows[a] - lo - e + skip[a] - sizes[a])
+        inside = functools.reduce(np.multiply.outer, [(i >= 0) & (i < n) for i, n in
+                                                      zip(index, spread.shape[2:])])
+        clipped = [np.clip(i, 0, n - 1) for i, n in zip(index, spread.shape[2:])]
+        taps = spread[(slice(None), slice(None), *np.ix_(*clipped))] * inside
+        weight = np.ascontiguousarray(taps.swapaxes(0, 1))
+        inputs = [x, constant(weight, f"{p.node.name}/phase{k}_weight")]
+        inputs += [] if bias is None else [bias]
+        outputs.append(p.op("Conv", inputs, f"phase{k}", pads=before + after))
+    return p.op("Concat", outputs, "phases", axis=1)
+
+
+def _dilated(w: np.ndarray, dilations: Sequence[int]) -> np.ndarray:
+    """The kernel with dilation - 1 zero taps between its taps."""
+    shape = [(k - 1) * d + 1 for k, d in zip(w.shape[2:], dilations)]
+    spread = np.zeros((*w.shape[:2], *shape), w.dtype)
+    spread[(slice(None), slice(None), *(slice(0, None, d) for d in dilations))] = w
+    return spread
+
+
 def _phase_weights(w: np.ndarray, group: int, strides: Sequence[int],
                    dilations: Sequence[int], taps: Sequence[int]) -> np.ndarray:
     """The Conv's weights, (G·P·M) x C/G x taps...: phase r of an axis takes the taps
     r, r + s, ... of the (dilated) kernel, reversed."""
     channels, per_group, *kernel = w.shape
     rank = len(kernel)
+    dilated = _dilated(w, dilations)
     spread = np.zeros((channels, per_group, *(s * t for s, t in zip(strides, taps))), w.dtype)
-    spread[(slice(None), slice(None), *(slice(0, (k - 1) * d + 1, d)
-                                        for k, d in zip(kernel, dilations)))] = w
+    spread[(slice(None), slice(None), *(slice(0, n) for n in dilated.shape[2:]))] = dilated
     # axes: G, C/G, M, then (taps, phase) per spatial axis
     split = spread.reshape(group, channels // group, per_group,
                            *(n for t, s in zip(taps, strides) for n in (t, s)))

@@ -73,13 +73,7 @@ def decompose_conv_transpose(node: Operator, inputs: list, readers=None
             [*taps, *win.strides]):
         y = _phase_convs(p, x, w, bias, win, exact, [sizes, shift, skip, rows])
     else:
-        weight = _phase_weights(w.data, group, win.strides, win.dilations, taps)
-        conv_inputs = [x, constant(weight, f"{node.name}/phase_weight")]
-        if bias is not None:
-            phases = math.prod(win.strides)
-            tiled = np.tile(bias.data.reshape(group, 1, -1), (1, phases, 1)).reshape(-1)
-            conv_inputs.append(constant(tiled, f"{node.name}/phase_bias"))
-        y = p.op("Conv", conv_inputs, "phases", group=group, pads=before + after)
+        y = _one_conv(p, x, w, bias, win, group, taps, before + after)
     rank = len(sizes)
     if all(s == 1 for s in win.strides):
         return [_cropped(p, y, start, win.out, 2)]
@@ -96,6 +90,19 @@ def _cropped(p: Primitives, y: Tensor, start: Sequence[int], out: Sequence[int],
     return p.op("Slice", [y, p.shape(start, "starts"),
                           p.shape([a + o for a, o in zip(start, out)], "ends"),
                           p.shape(list(range(axis, axis + len(out))), "axes")], "crop")
+
+
+def _one_conv(p: Primitives, x: Tensor, w: Tensor, bias: Optional[Tensor], win, group: int,
+              taps: Sequence[int], pads: Sequence[int]) -> Tensor:
+    """Every phase in one Conv of ``taps`` taps along each axis, its output channels
+    (group, phase, channel)."""
+    weight = _phase_weights(w.data, group, win.strides, win.dilations, taps)
+    inputs = [x, constant(weight, f"{p.node.name}/phase_weight")]
+    if bias is not None:
+        phases = math.prod(win.strides)
+        tiled = np.tile(bias.data.reshape(group, 1, -1), (1, phases, 1)).reshape(-1)
+        inputs.append(constant(tiled, f"{p.node.name}/phase_bias"))
+    return p.op("Conv", inputs, "phases", group=group, pads=list(pads))
 
 
 # How many times the taps it needs the one Conv of every phase may compute: where the

@@ -508,6 +508,14 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _auto_pad(ctx: OpContext) -> str:
+    auto_pad = _text(ctx.attr("auto_pad", "NOTSET"))
+    if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        raise ctx.error(f"auto_pad {auto_pad!r} is not one of NOTSET, SAME_UPPER, "
+                        "SAME_LOWER, VALID")
+    return auto_pad
+
+
 def _dim_max0(value) -> Dim:
     value = normalize_dim(value)
     return max(value, 0) if isinstance(value, int) else normalize_dim(maximum(value, 0))
@@ -519,10 +527,7 @@ def _window(ctx: OpContext, sizes: Sequence[Expr], kernel: Sequence[int],
     strides = _ints(ctx, "strides", n, 1)
     dilations = _ints(ctx, "dilations", n, 1)
     pads = _ints(ctx, "pads", 2 * n, 0, low=0)
-    auto_pad = _text(ctx.attr("auto_pad", "NOTSET"))
-    if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
-        raise ctx.error(f"auto_pad {auto_pad!r} is not one of NOTSET, SAME_UPPER, "
-                        "SAME_LOWER, VALID")
+    auto_pad = _auto_pad(ctx)
     sizes = [normalize_dim(d) for d in sizes]
     begin, end, out, leaves = [], [], [], []
     for d, (size, k, s, dil) in enumerate(zip(sizes, kernel, strides, dilations)):
@@ -686,10 +691,7 @@ def transposed_window(ctx: OpContext, sizes: Sequence[Dim], kernel: tuple[int, .
     if any(e >= max(s, d) for e, s, d in zip(extra, strides, dilations)):
         raise ctx.error(f"output_padding {list(extra)} must be less than the stride or "
                         "the dilation along each axis")
-    auto_pad = _text(ctx.attr("auto_pad", "NOTSET"))
-    if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
-        raise ctx.error(f"auto_pad {auto_pad!r} is not one of NOTSET, SAME_UPPER, "
-                        "SAME_LOWER, VALID")
+    auto_pad = _auto_pad(ctx)
     sizes = [normalize_dim(d) for d in sizes]
     full = [normalize_dim(s * (i - 1) + e + (k - 1) * d + 1)
             for i, k, s, d, e in zip(sizes, kernel, strides, dilations, extra)]

@@ -40,6 +40,7 @@ from treadle.graph.operator import OpContext, Operator
 from treadle.graph.ops.nn import transposed_window
 from treadle.graph.passes.fission import Primitives
 from treadle.graph.tensor import Tensor, constant, normalize_dim
+from treadle.ir.expr import ceil_div
 
 
 def decompose_conv_transpose(node: Operator, inputs: list, readers=None
@@ -55,12 +56,12 @@ def decompose_conv_transpose(node: Operator, inputs: list, readers=None
     ctx = OpContext(node.op_type, node.name, inputs, node.attrs)
     win = transposed_window(ctx, sizes, tuple(w.shape[2:]))
     group = int(node.attrs.get("group", 1))
-    taps = [math.ceil(((k - 1) * d + 1) / s)
-            for k, d, s in zip(win.kernel, win.dilations, win.strides)]
+    taps = [ceil_div((k - 1) * d + 1, s) for k, d, s in zip(win.kernel, win.dilations,
+                                                            win.strides)]
     # The phase rows q that hold output positions begin .. begin + out: first, rows
     # before the input (shift) where output_shape asks for more than the pads give; then
     # from the first row needed (skip) to the last (rows).
-    shift = [max(0, -b) // s + (max(0, -b) % s > 0) for b, s in zip(win.begin, win.strides)]
+    shift = [ceil_div(max(0, -b), s) for b, s in zip(win.begin, win.strides)]
     start = [b + e * s for b, e, s in zip(win.begin, shift, win.strides)]
     skip = [min(a // s, t - 1 + e) for a, s, t, e in zip(start, win.strides, taps, shift)]
     rows = [(a + o - 1) // s + 1 - k for a, o, s, k in zip(start, win.out, win.strides, skip)]
@@ -113,7 +114,7 @@ MAX_PADDED_TAPS = 4 / 3
 
 def _exact_taps(win) -> list[tuple[int, ...]]:
     """Each phase's taps along each axis, phases in row-major order of their offsets."""
-    per_axis = [[max(0, -(-((k - 1) * d + 1 - r) // s)) for r in range(s)]
+    per_axis = [[ceil_div(max(0, (k - 1) * d + 1 - r), s) for r in range(s)]
                 for k, d, s in zip(win.kernel, win.dilations, win.strides)]
     return list(itertools.product(*per_axis))
 

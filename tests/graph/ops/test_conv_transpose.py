@@ -134,3 +134,23 @@ def test_phases_share_one_conv_unless_that_pads_many_taps(kernel, stride, group,
     convs = [op for op in canonicalize(Graph.from_outputs([x], [y])).nodes
              if op.op_type == "Conv"]
     assert [tuple(c.inputs[1].shape[2:]) for c in convs] == shapes
+
+
+@pytest.mark.parametrize("case", [0, 1, 4, 5, 8, 9])
+def test_symbolic_spatial_sizes_take_the_rewrite(case):
+    """With symbolic spatial sizes the rewrite's pads and crops are still constants (an
+    output size is the stride times the input's plus a constant): one compile, no
+    ConvTranspose left, and every size (2, odd, prime) matches torch."""
+    cin, per_group, size, kernel, stride, pad, out_pad, dilation, group = CASES[case]
+    w = random_array((cin, per_group, *kernel), seed=1)
+    b = random_array((per_group * group,), seed=2)
+    x = Tensor("x", "float32", [1, cin, *(f"s{a}" for a in range(len(size)))])
+    attrs = _attrs(len(size), stride, pad, out_pad, dilation, group)
+    y = apply("ConvTranspose", [x, constant(w), constant(b)], attrs, "up")[0]
+    graph = Graph.from_outputs([x], [y])
+    assert "ConvTranspose" not in [op.op_type for op in canonicalize(graph).nodes]
+    program = compile_graph(graph)
+    for sizes in (size, tuple(s + 6 for s in size), (2,) * len(size)):
+        xs = random_array((1, cin, *sizes), seed=sum(sizes))
+        expected = _torch(xs, w, b, stride, pad, out_pad, dilation, group)
+        assert_close(program(xs)[0], expected, reduction=cin * np.prod(kernel))

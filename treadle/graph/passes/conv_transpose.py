@@ -26,6 +26,10 @@ against 71 as one Conv). The Conv pads its input so that every phase covers the 
 output, and the Slice keeps it. The Conv runs on the
 GEMM template like any other, channels last; the shuffle moves runs of channels, and
 fuses into the Conv's stores or the next kernel.
+
+A symbolic spatial size takes the same rewrite: each output size is the stride times the
+input's plus a constant, so the pads and the rows cropped are constants, and only the
+shuffle's shapes and the crop's ends hold the symbol.
 """
 from __future__ import annotations
 
@@ -39,40 +43,44 @@ import numpy as np
 from treadle.graph.operator import OpContext, Operator
 from treadle.graph.ops.nn import transposed_window
 from treadle.graph.passes.fission import Primitives
-from treadle.graph.tensor import Tensor, constant, normalize_dim
+from treadle.graph.tensor import Dim, Tensor, constant, normalize_dim
 from treadle.ir.expr import ceil_div
 
 
 def decompose_conv_transpose(node: Operator, inputs: list, readers=None
                              ) -> Optional[Sequence[Tensor]]:
     """The node as Conv and a pixel shuffle, or None where it keeps its definition (a
-    weight or bias computed at run time, a symbolic spatial size)."""
+    weight or bias computed at run time)."""
     x, w = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
-    sizes = [normalize_dim(d) for d in x.shape[2:]]
-    if not w.is_constant or (bias is not None and not bias.is_constant) \
-            or not all(isinstance(d, int) for d in sizes):
+    if not w.is_constant or (bias is not None and not bias.is_constant):
         return None
+    sizes = [normalize_dim(d) for d in x.shape[2:]]
     ctx = OpContext(node.op_type, node.name, inputs, node.attrs)
     win = transposed_window(ctx, sizes, tuple(w.shape[2:]))
+    # Each output size is the stride times the input's plus a constant (symbolic sizes
+    # included), so every pad and crop below is a constant.
+    offsets = [normalize_dim(o - s * i) for o, s, i in zip(win.out, win.strides, sizes)]
+    if not all(isinstance(c, int) for c in offsets):
+        return None
     group = int(node.attrs.get("group", 1))
     taps = [ceil_div((k - 1) * d + 1, s) for k, d, s in zip(win.kernel, win.dilations,
                                                             win.strides)]
     # The phase rows q that hold output positions begin .. begin + out: first, rows
     # before the input (shift) where output_shape asks for more than the pads give; then
-    # from the first row needed (skip) to the last (rows).
+    # from the first row needed (skip) to the last, ``excess`` more than the input has.
     shift = [ceil_div(max(0, -b), s) for b, s in zip(win.begin, win.strides)]
     start = [b + e * s for b, e, s in zip(win.begin, shift, win.strides)]
     skip = [min(a // s, t - 1 + e) for a, s, t, e in zip(start, win.strides, taps, shift)]
-    rows = [(a + o - 1) // s + 1 - k for a, o, s, k in zip(start, win.out, win.strides, skip)]
+    excess = [(a + c - 1) // s + 1 - k for a, c, s, k in zip(start, offsets, win.strides, skip)]
     before = [t - 1 + e - k for t, e, k in zip(taps, shift, skip)]
-    after = [max(0, q - i + t - 1 - b) for q, i, t, b in zip(rows, sizes, taps, before)]
+    after = [max(0, q + t - 1 - b) for q, t, b in zip(excess, taps, before)]
     start = [a - k * s for a, k, s in zip(start, skip, win.strides)]
     p = Primitives(node)
     exact = _exact_taps(win)
     if group == 1 and sum(map(math.prod, exact)) * MAX_PADDED_TAPS < math.prod(
             [*taps, *win.strides]):
-        y = _phase_convs(p, x, w, bias, win, exact, [sizes, shift, skip, rows])
+        y = _phase_convs(p, x, w, bias, win, exact, [shift, skip, excess])
     else:
         y = _one_conv(p, x, w, bias, win, group, taps, before + after)
     rank = len(sizes)
@@ -83,10 +91,11 @@ def decompose_conv_transpose(node: Operator, inputs: list, readers=None
     return [p.op("Transpose", [y], "to_nchw", perm=[0, rank + 1, *range(1, rank + 1)])]
 
 
-def _cropped(p: Primitives, y: Tensor, start: Sequence[int], out: Sequence[int],
+def _cropped(p: Primitives, y: Tensor, start: Sequence[int], out: Sequence[Dim],
              axis: int) -> Tensor:
     """``out`` positions of ``y`` from ``start`` along the spatial axes from ``axis``."""
-    if all(a == 0 for a in start) and list(y.shape[axis:axis + len(out)]) == list(out):
+    if all(a == 0 for a in start) and all(normalize_dim(d - o) == 0 for d, o in
+                                          zip(y.shape[axis:axis + len(out)], out)):
         return y
     return p.op("Slice", [y, p.shape(start, "starts"),
                           p.shape([a + o for a, o in zip(start, out)], "ends"),
@@ -126,18 +135,18 @@ def _phase_convs(p: Primitives, x: Tensor, w: Tensor, bias: Optional[Tensor], wi
     phase's Conv reads its taps m = lo .. hi (zero outside the kernel: hi reaches the
     first row needed, lo keeps the end padding from going negative), so that every
     phase computes the same rows."""
-    sizes, shift, skip, rows = grid
+    shift, skip, excess = grid
     spread = _dilated(w.data, win.dilations)
     outputs = []
     for k, phase in enumerate(itertools.product(*(range(s) for s in win.strides))):
         index, before, after = [], [], []
         for a, (r, t) in enumerate(zip(phase, exact[k])):
             s, e = win.strides[a], shift[a]
-            lo = min(0, rows[a] - e + skip[a] - sizes[a])
+            lo = min(0, excess[a] - e + skip[a])
             hi = max(t - 1, skip[a] - e, lo)
             index.append(r + (hi - np.arange(hi - lo + 1)) * s)
             before.append(hi + e - skip[a])
-            after.append(rows[a] - lo - e + skip[a] - sizes[a])
+            after.append(excess[a] - lo - e + skip[a])
         inside = functools.reduce(np.multiply.outer, [(i >= 0) & (i < n) for i, n in
                                                       zip(index, spread.shape[2:])])
         clipped = [np.clip(i, 0, n - 1) for i, n in zip(index, spread.shape[2:])]

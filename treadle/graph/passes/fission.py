@@ -26,7 +26,8 @@ from treadle.graph.operator import Operator, apply
 from treadle.graph.ops.common import ONNX_DTYPES
 from treadle.graph.ops.reduce import accumulator
 from treadle.graph.rewrite import rewrite_graph
-from treadle.graph.tensor import Tensor, constant
+from treadle.graph.ops.shape import dims_tensor
+from treadle.graph.tensor import Dim, Tensor, constant
 from treadle.ir import dtypes
 from treadle.ir.dtypes import DataType
 
@@ -70,9 +71,9 @@ class Primitives:
         return self.op("Reshape", [v, self.shape([-1] + [1] * (rank - 2), f"{suffix}_shape")],
                        suffix)
 
-    def shape(self, dims: Sequence[int], suffix: str) -> Tensor:
-        """A Reshape's shape operand."""
-        return constant(np.array(dims, np.int64), f"{self.node.name}/{suffix}")
+    def shape(self, dims: Sequence[Dim], suffix: str) -> Tensor:
+        """A Reshape's shape operand (or a Slice's bounds), symbolic sizes included."""
+        return dims_tensor(dims, f"{self.node.name}/{suffix}")
 
 
 def _axis(node: Operator, x: Tensor, default: int) -> int:

@@ -1,6 +1,7 @@
 """Winograd F(2x2, 3x3) and F(4x4, 3x3): the transforms, the pass that chooses them, and
 the template's kernels against ONNX Runtime and a float64 numpy convolution, over odd, even
-and prime sizes (sizes that are not a multiple of the tile leave partial tiles)."""
+and prime sizes (sizes that are not a multiple of the tile leave partial tiles), static
+and symbolic."""
 import numpy as np
 import pytest
 from onnx import helper
@@ -95,7 +96,7 @@ def test_model_convolution_runs_winograd_and_matches_onnxruntime(batch, side, ch
     (32, 16, 24, 1, 1),    # output channels not a multiple of 16
     (32, 16, 16, 2, 1),    # strided
     (6, 16, 16, 1, 1),     # too few tiles to pay off
-    (32, 16, 16, 1, "n"),  # a symbolic batch: the template needs static sizes
+    (6, 16, 16, 1, "n"),   # nor with a symbolic batch, which counts as 1
 ])
 def test_other_convolutions_stay_direct(side, channels, filters, stride, batch):
     graph = optimize(from_onnx(conv_model(side, channels, filters, stride, batch)))
@@ -103,10 +104,34 @@ def test_other_convolutions_stay_direct(side, channels, filters, stride, batch):
     assert "WinogradConv" not in types and "ChannelsLastConv" in types
 
 
-def test_symbolic_sizes_are_refused_by_name():
-    from treadle.errors import UnsupportedOpError
-    x = Tensor("x", "float32", ("n", 8, 8, 4))
-    u = constant(transform_weights(random_array((3, 3, 4, 16)), 2), "u")
-    y = apply("WinogradConv", [x, u], {"tile": 2}, "wino")[0]
-    with pytest.raises(UnsupportedOpError, match="WinogradConv needs static sizes"):
-        compile_graph(Graph.from_outputs([x], [y]), optimize_graph=False)
+@pytest.mark.parametrize("tile", sorted(TRANSFORMS))
+def test_kernel_of_symbolic_sizes_matches_direct_convolution(tile):
+    """One kernel for every batch and image size: tiles on an edge, which a symbolic size
+    may leave anywhere, read zeros past it and store only inside."""
+    x = Tensor("x", "float32", ("n", "h", "w", 24))
+    w = random_array((3, 3, 24, 32), seed=4)
+    u = constant(transform_weights(w, tile), "u")
+    y = apply("WinogradConv", [x, u], {"tile": tile}, "wino")[0]
+    program = compile_graph(Graph.from_outputs([x], [y]), optimize_graph=False)
+    for shape in [(1, 10, 10), (2, 13, 11), (1, 3, 3), (1, 61, 5), (3, 7, 19), (0, 9, 9)]:
+        xs = random_array((*shape, 24), seed=sum(shape))
+        assert_close(program(xs)[0], conv_nhwc(xs, w).astype(np.float32),
+                     reduction=9 * 24 * (1 if tile == 2 else 16))
+
+
+@pytest.mark.parametrize("batch,side,tile", [("n", 28, 4), ("n", "s", 2)])
+def test_symbolic_model_runs_winograd_at_every_size(batch, side, tile):
+    """A symbolic batch chooses the tile a batch of 1 would; a symbolic image side takes
+    2x2 tiles. Each compiles once and matches ONNX Runtime at odd, prime and even sizes."""
+    model = conv_model(28, 64, 64, batch=batch)
+    if side == "s":
+        for value in (*model.graph.input, *model.graph.output):
+            for d in value.type.tensor_type.shape.dim[2:]:
+                d.dim_param = "s"
+    graph = optimize(from_onnx(model))
+    assert [n.attrs["tile"] for n in graph.nodes if n.op_type == "WinogradConv"] == [tile]
+    program = compile_graph(from_onnx(model))
+    for n, size in [(1, 28), (3, 28)] + ([(1, 17), (2, 31), (1, 3)] if side == "s" else []):
+        x = random_array((n, 64, size, size), seed=n + size)
+        assert_close(program(x)[0], run_onnxruntime(model, {"x": x})[0],
+                     reduction=9 * 64 * tile * tile)

@@ -7,6 +7,7 @@ import pytest
 
 from tests.harness import assert_close, random_array
 from treadle.backend.cpu import generate
+from treadle.config import override
 from treadle.ir.compute import compute, reduce
 from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Const, Var, logical_and, maximum, select
@@ -332,3 +333,19 @@ def test_constant_right_factor_streamed_in_one_pass(m):
     out = np.full((m, n), np.nan, np.float32)
     kernel(x, out, panels)
     assert_close(out, x @ wv, reduction=k)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+def test_symbolic_rows_over_constant_columns(cfg):
+    """M symbolic and N known, on two threads: the row blocks, evened out at run time
+    (resolve.tile_rows), cover every M once."""
+    M = Var("M")
+    a, b = Buffer("a", float32, (M, 40)), Buffer("b", float32, (40, 72))
+    c = reduce("c", [M, 72], [40], lambda i, j, r: a[i, r] * b[r, j])
+    with override(num_threads=2):
+        kernel = build([a, b], c, cfg)
+        for m in (0, 1, 7, 61, 97, 127, 196, 400):
+            x, y = random_array((m, 40), seed=m), random_array((40, 72), seed=2)
+            out = np.full((m, 72), np.nan, np.float32)
+            kernel(x, y, out)
+            assert_close(out, x @ y, reduction=40, context=f"M = {m}")

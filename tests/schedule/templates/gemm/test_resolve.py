@@ -9,7 +9,8 @@ from treadle.config import override
 from treadle.errors import ScheduleConfigError
 from treadle.ir.compute import reduce
 from treadle.ir.dtypes import float32
-from treadle.ir.expr import Buffer, Var
+from treadle.ir.expr import Buffer, Var, as_expr
+from treadle.ir.functor import evaluate
 from treadle.ir.printer import format_function
 from treadle.schedule.templates.gemm import GEMM, GemmConfig, match_gemm
 from treadle.schedule.templates.gemm.pattern import interleaved_batch
@@ -206,3 +207,22 @@ def test_groups_side_by_side_in_a_pixel_interleave_with_the_rows():
     heads = reduce("s", [12, 64, 64], [32], lambda h, i, j, r: q[h, i, r] * k[h, r, j])
     assert not interleaved_batch(match_gemm(heads))
     assert not interleaved_batch(matmul(64, 64, 64))
+
+
+@pytest.mark.parametrize("m, blocks", [(1, 1), (28, 2), (196, 2), (400, 4), (784, 6)])
+def test_symbolic_rows_split_evenly_over_the_threads(m, blocks):
+    """Where M is symbolic, the row blocks even out at run time: a multiple of the two
+    threads' count (where the rows fill that many micro-panels), each a whole number of
+    micro-panels and at most block_m rows."""
+    M = Var("M")
+    with override(num_threads=2):
+        gemm = resolve(matmul(M, 256, 64), GemmConfig(168, 256, 64, 14, 16), host())
+    rows = evaluate(as_expr(gemm.tile_rows), {M: m})
+    assert rows % 14 == 0 and rows <= 168
+    assert -(-m // rows) == blocks
+
+
+def test_symbolic_rows_split_a_constant_n_evenly():
+    with override(num_threads=2):
+        gemm = resolve(matmul(Var("M"), 512, 64), GemmConfig(168, 384, 64, 14, 16), host())
+    assert gemm.config.block_n == 256

@@ -35,20 +35,23 @@ class MacroTile:
 
     def __init__(self, fb: FunctionBuilder, gemm: ResolvedGemm, tile):
         cfg = gemm.cfg
-        tiles_m = ceil_div(gemm.size("m"), cfg.block_m)
+        block_m = gemm.tile_rows
+        if not isinstance(block_m, int):
+            block_m = fb.let("tile_rows", block_m)
+        tiles_m = ceil_div(gemm.size("m"), block_m)
         tiles_n = ceil_div(gemm.size("n"), cfg.block_n)
         if interleaved_batch(gemm.pattern):
             batches = gemm.size("batch")
             self.batch = gemm.coords(fb, "batch", tile % batches)
             tile = tile // batches
-            self.row0 = fb.let("row0", tile // tiles_n * cfg.block_m)
+            self.row0 = fb.let("row0", tile // tiles_n * block_m)
         else:
             self.batch = gemm.coords(fb, "batch", tile // (tiles_m * tiles_n))
-            self.row0 = fb.let("row0", tile % (tiles_m * tiles_n) // tiles_n * cfg.block_m)
+            self.row0 = fb.let("row0", tile % (tiles_m * tiles_n) // tiles_n * block_m)
         # An expression, not a let: the epilogue's index arithmetic (a reshape splitting N)
         # simplifies only where it sees col0 is a multiple of block_n (see program._store_rows).
         self.col0 = tile % tiles_n * cfg.block_n
-        self.rows = fb.let("rows", static_min(cfg.block_m, gemm.size("m") - self.row0))
+        self.rows = fb.let("rows", static_min(block_m, gemm.size("m") - self.row0))
         self.cols = fb.let("cols", static_min(cfg.block_n, gemm.size("n") - self.col0))
 
 

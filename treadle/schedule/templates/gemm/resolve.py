@@ -14,13 +14,14 @@ is how tuning finds duplicates without generating any.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from treadle.errors import ScheduleConfigError
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, compute
-from treadle.ir.expr import Load, Var, ceil_div, minimum
+from treadle.ir.expr import Load, Var, ceil_div, maximum, minimum
 from treadle.ir.functor import evaluate, free_vars, substitute, walk
 from treadle.ir.mapping import unravel
 from treadle.schedule.templates.gemm.config import (ELEMENT_BYTES, GemmConfig, check_config,
@@ -77,10 +78,15 @@ class ResolvedGemm:
         return {a: fb.let(a.name, v) for a, v in zip(axes, values)}
 
     @property
+    def tile_rows(self):
+        """Rows per macro-tile (see tile_rows)."""
+        return tile_rows(self.cfg, self.size("batch"), self.size("m"), self.size("n"),
+                         self.threads)
+
+    @property
     def num_tiles(self):
-        cfg = self.cfg
-        return (self.size("batch") * ceil_div(self.size("m"), cfg.block_m)
-                * ceil_div(self.size("n"), cfg.block_n))
+        return (self.size("batch") * ceil_div(self.size("m"), self.tile_rows)
+                * ceil_div(self.size("n"), self.cfg.block_n))
 
     @property
     def _window_in_place(self) -> bool:
@@ -111,6 +117,25 @@ class ResolvedGemm:
                 or self._window_in_place,
                 cfg.block_m == cfg.micro_m and self.panels is None
                 and right_row(self.pattern) is not None)
+
+
+def tile_rows(cfg: GemmConfig, batch, M, N, threads: int):
+    """Rows per macro-tile: block_m, which resolution balances over the threads where M
+    is known (``_balanced``). Where M is symbolic, an expression that evens the row
+    blocks out at run time instead, up to block_m: as many blocks as keep every thread
+    busy, each a whole number of micro-panels (ResNet-50 at a symbolic batch of 1: 196
+    rows in blocks of 168 and 28 left one of two threads idle most of the time, 1.7x
+    slower than two blocks of 98)."""
+    if isinstance(M, int) or cfg.block_m == cfg.micro_m:
+        return cfg.block_m
+    per_row_block = batch * ceil_div(N, cfg.block_n)
+    if not isinstance(per_row_block, int):
+        return cfg.block_m
+    spread = threads // math.gcd(threads, per_row_block)  # row blocks that fill the threads
+    if spread == 1:
+        return cfg.block_m
+    blocks = maximum(ceil_div(M, cfg.block_m) + (spread - 1), spread) // spread * spread
+    return minimum(cfg.block_m, ceil_div(ceil_div(M, blocks), cfg.micro_m) * cfg.micro_m)
 
 
 def resolve(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget) -> ResolvedGemm:
@@ -268,7 +293,8 @@ def _window_tiles(cfg: GemmConfig, m_extents: Sequence, K) -> GemmConfig:
 
 def _balanced(cfg: GemmConfig, batch, M, N, workers: int, packs_right: bool) -> GemmConfig:
     """For constant sizes, blocks no larger than the config's that split M and N evenly and
-    keep ``workers`` equally busy: the most useful work per padded, packed tile slot.
+    keep ``workers`` equally busy: the most useful work per padded, packed tile slot; for
+    a symbolic M, blocks that split a constant N evenly.
 
     The overhead term is the packing per multiply-add (PACK_COST_A, PACK_COST_B; on
     1024^3 larger blocks win over evener ones). A right factor laid out at compile time
@@ -277,6 +303,11 @@ def _balanced(cfg: GemmConfig, batch, M, N, workers: int, packs_right: bool) -> 
     packs only its rows of A, where a split of N packs all of A in a parallel loop of its
     own whose panels every thread reads (128 x 768 x 768: 65-row tiles 5% faster than
     384-column ones, warm or cold)."""
+    if isinstance(N, int) and N > 0 and not isinstance(M, int):
+        # M symbolic (tile_rows evens its blocks out at run time): N in even blocks
+        # (512 columns in blocks of 384 and 128 kept one of two threads idle 3/4 of the time)
+        even = round_up(ceil_div(N, ceil_div(N, cfg.block_n)), cfg.micro_n)
+        return replace(cfg, block_n=min(cfg.block_n, even))
     if not all(isinstance(v, int) and v > 0 for v in (batch, M, N)):
         return cfg
     mr, nr = cfg.micro_m, cfg.micro_n

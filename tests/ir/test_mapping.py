@@ -191,3 +191,6 @@ def test_unravel_divides_by_no_unit_axis():
     _, rows, cols = unravel(index, [1, seq, 4])
     assert not any(isinstance(n, Binary) and n.op == "%" for n in walk(rows))
     assert cols == index % 4
+    # a unit extent written as an expression (a static axis beside a symbolic one)
+    batch, rows = unravel(index, [Const(1, index_type), seq])
+    assert rows is index and isinstance(batch, Const) and batch.value == 0

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treadle.ir.dtypes import float32, int32, int64, uint32
+from treadle.ir.dtypes import boolean, float32, int32, int64, uint32
 from treadle.ir.expr import (Binary, Const, Var, cast, const, eq, logical_and, maximum, minimum,
-                             select)
+                             ne, select)
 from treadle.ir.functor import evaluate
 from treadle.ir.simplify import Interval, bound, simplify_expr
 
@@ -213,3 +213,31 @@ def test_symbolic_factor_cancels_wherever_division_is_defined():
     assert simplify_expr(clamped * 768 % clamped) == Const(0, int64)
     assert str(simplify_expr(seq * 2 * seq // seq)) == "seq * 2"
     assert str(simplify_expr((seq + 1) // seq)) == "(seq + 1) // seq"
+
+
+def test_digits_of_a_symbolic_divisor_merge_back():
+    """x // n * n + x % n is x wherever n != 0, in either order of the product and under
+    a common factor: a flat row split by a run-time size and put back together (a
+    softmax's statistics over [heads, seq] rows) must not cost two divisions a row."""
+    i, seq = Var("i"), Var("seq")
+    assert simplify_expr(i // seq * seq + i % seq) == i
+    assert str(simplify_expr(seq * (i // seq) + i % seq + 3)) == "i + 3"
+    assert str(simplify_expr(i // seq * seq * 4 + i % seq * 4)) == "i * 4"
+    for values in itertools.product(range(-7, 8), range(1, 6)):
+        env = dict(zip((i, seq), values))
+        assert evaluate(simplify_expr(i // seq * seq * 2 + i % seq * 2 - 1), env) == \
+            evaluate(i // seq * seq * 2 + i % seq * 2 - 1, env)
+    # unequal coefficients are not one number's digits
+    assert "%" in str(simplify_expr(i // seq * seq * 2 + i % seq))
+
+
+def test_equal_polynomials_decide_equality():
+    """Two sides that expand to one polynomial are equal (a reshape's element counts over
+    sizes a pooling halved); sides that differ, or are equal only for some values, stay."""
+    h, w = Var("h"), Var("w")
+    x, y = (h - 2) // 2, (w - 2) // 2
+    assert simplify_expr(eq((x * 2 + 2) * (y + 1) * 512, (x * 2 + 2) * (y * 2 + 2) * 256)) \
+        == Const(True, boolean)
+    assert simplify_expr(ne((x + 1) * (x - 1), x * x - 1)) == Const(False, boolean)
+    for unequal in (eq((x + 1) * 512, (x * 2 + 2) * 255), eq(x + 1, (x - 1) // 2 * 2 + 2)):
+        assert not isinstance(simplify_expr(unequal), Const)

@@ -273,15 +273,16 @@ class _Partitioner:
         axis to elements a page or more apart: as an epilogue it would store each element
         in another page than the last (a channels-last classifier returned N x C x H x W,
         Segformer's 128 x 128 x 150, ran at half ONNX Runtime's speed), where a kernel of
-        its own reads and writes whole lines."""
+        its own reads and writes whole lines. A symbolic extent counts as that far: an
+        image whose size is symbolic is as likely to be large."""
         if op.op_type != "Transpose" or id(op.outputs[0]) not in self.graph_outputs:
             return False
         rank, out = op.inputs[0].rank, op.outputs[0]
         perm = transpose_perm(op.attrs, rank)
         if rank < 2 or perm[-1] == rank - 1:
             return False
-        apart = out.shape[perm.index(rank - 1) + 1:]
-        return all(isinstance(d, int) for d in apart) and \
+        apart = [normalize_dim(d) for d in out.shape[perm.index(rank - 1) + 1:]]
+        return not all(isinstance(d, int) for d in apart) or \
             math.prod(apart) * out.dtype.nbytes >= PAGE_BYTES
 
     # ---- prologues -----------------------------------------------------------------------

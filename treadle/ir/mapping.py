@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence, Union
 
-from treadle.ir.expr import Expr, Var, as_expr
+from treadle.ir.expr import Const, Expr, Var, as_expr
 
 Extent = Union[int, Expr]
 
@@ -49,13 +49,19 @@ def unravel(index: Extent, shape: Sequence[Extent]) -> tuple:
     the generated code, one per element, which the simplifier cannot prove away."""
     zero = as_expr(0, index.dtype) if isinstance(index, Expr) else 0
     coords: list[Extent] = [zero] * len(shape)
-    live = [k for k, d in enumerate(shape) if not (isinstance(d, int) and d == 1)]
+    live = [k for k, d in enumerate(shape) if not _is_one(d)]
     for k in reversed(live[1:]):
         coords[k] = index % shape[k]
         index = index // shape[k]
     if live:
         coords[live[0]] = index
     return tuple(coords)
+
+
+def _is_one(extent: Extent) -> bool:
+    # an extent of 1 may come as an expression (a static axis beside a symbolic one)
+    value = extent.value if isinstance(extent, Const) else extent
+    return isinstance(value, int) and value == 1
 
 
 class TaskMapping:

@@ -18,6 +18,8 @@ arithmetic is never reordered, and only rewrites exact in IEEE arithmetic apply.
 """
 from __future__ import annotations
 
+import itertools
+
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -110,22 +112,26 @@ def _build(form: _Sum, dtype: DataType) -> Expr:
 
 def _merge_div_mod(form: _Sum, dtype: DataType, ranges: Ranges) -> _Sum:
     """Puts the digits of x back together, for either sign of x since C's division keeps
-    x == x // a * a + x % a:
+    x == x // a * a + x % a (for a symbolic a, wherever a != 0, as for x * a // a):
         x // a * (k*a) + x % a * k -> x * k
         (x // a) % b * (k*a) + x % a * k -> x % (a*b) * k"""
     for term, k in form.terms.items():
-        a = _divisor(term) if _op(term) == "%" else None
-        if a is None:
+        if _op(term) != "%" or not is_index_dtype(term.dtype):
             continue
+        a = _divisor(term)
         quotient = _apply(Binary("//", term.a, term.b), ranges)
         for other, m in form.terms.items():
-            if m != k * a:
+            if a is None:  # a symbolic divisor: x // n * n + x % n -> x, where n != 0
+                whole = term.a if m == k and _factor_out(other, term.b) == quotient else None
+            elif m != k * a:
                 continue
-            if other == quotient:
+            elif other == quotient:
                 whole = term.a
             elif _op(other) == "%" and other.a == quotient and _divisor(other):
                 whole = _apply(Binary("%", term.a, Const(a * other.b.value, term.dtype)), ranges)
             else:
+                continue
+            if whole is None:
                 continue
             rest = form.plus(_Sum({term: k, other: m}), -1)
             return _merge_div_mod(rest.plus(_linear(whole, dtype), k), dtype, ranges)
@@ -390,6 +396,47 @@ def _compare_by_range(e: Binary, ranges: Ranges) -> Expr | None:
     return Const(False, e.dtype) if not signs & TRUE_SIGNS[e.op] else None
 
 
+def _equal_polynomials(e: Binary, ranges: Ranges) -> Expr | None:
+    # a == b -> true (a != b -> false) when both expand to one polynomial in the same
+    # terms: a reshape's element counts, (2x + 2) * (y + 1) * 512 == (2x + 2) * (2y + 2) * 256
+    if e.op not in ("==", "!=") or not (is_index_dtype(e.a.dtype) and is_index_dtype(e.b.dtype)):
+        return None
+    a, b = _polynomial(e.a), _polynomial(e.b)
+    if a is None or b is None or a != b:
+        return None
+    return Const(e.op == "==", e.dtype)
+
+
+MAX_MONOMIALS = 64  # expanding products of sums grows fast; shape arithmetic stays small
+
+
+def _polynomial(e: Expr) -> dict[tuple, int] | None:
+    """e expanded through + - * neg as {sorted terms of a monomial: coefficient}, every
+    other node a term; None where that takes more than MAX_MONOMIALS monomials."""
+    if isinstance(e, Const):
+        return {(): e.value} if e.value else {}
+    op = _op(e)
+    if op == "neg":
+        inner = _polynomial(e.a)
+        return None if inner is None else {m: -k for m, k in inner.items()}
+    if op not in ("+", "-", "*"):
+        return {(e,): 1}
+    a, b = _polynomial(e.a), _polynomial(e.b)
+    if a is None or b is None:
+        return None
+    result: dict[tuple, int] = dict(a)
+    if op == "*":
+        result = {}
+        for (ma, ka), (mb, kb) in itertools.product(a.items(), b.items()):
+            m = tuple(sorted(ma + mb, key=repr))
+            result[m] = result.get(m, 0) + ka * kb
+    else:
+        for m, k in b.items():
+            result[m] = result.get(m, 0) + (k if op == "+" else -k)
+    result = {m: k for m, k in result.items() if k}
+    return result if len(result) <= MAX_MONOMIALS else None
+
+
 def _minmax_by_range(e: Binary, ranges: Ranges) -> Expr | None:
     # min(a, b) -> a when a <= b over the ranges, b when b <= a; max the other way round
     signs = _difference_signs(e, ranges)
@@ -471,6 +518,8 @@ RULES: dict[str, list[Rule]] = {
     "min": [_fold, _same_operands, _minmax_by_range],
     "max": [_fold, _same_operands, _minmax_by_range],
     **{op: [_fold, _compare_by_range] for op in TRUE_SIGNS},
+    "==": [_fold, _compare_by_range, _equal_polynomials],
+    "!=": [_fold, _compare_by_range, _equal_polynomials],
     "and": [_fold, _logic_const, _same_operands],
     "or": [_fold, _logic_const, _same_operands],
     **{op: [_fold] for op in ("&", "|", "^", "<<", ">>")},

@@ -12,8 +12,8 @@ A kernel whose sizes hold a symbol with a declared range (``compile(..., dynamic
    range (``Template.sized_config``: small sizes want short register tiles and a split
    over the columns).
 2. **Measurements, a fixed number.** Every stand-in config and the first MEASURED points
-   of the space run at a size of the range where their tiles fit exactly and keep every
-   thread busy, and at every stand-in size; a few candidates also run at the range's
+   of the space run at a size of the range where their tiles fit (within FIT_SLACK of
+   exactly) and keep every thread busy, and at every stand-in size; a few candidates also run at the range's
    smallest size and at its least occupied one. How many does not depend on how
    many sizes the range holds. A model's workloads are measured together
    (``choose_dynamic_many``): each round builds all their candidates at once and times
@@ -92,6 +92,8 @@ EXPLORED = {1: 3, 2: 8}     # candidates the model picks for a second round
 REPEATS = 30
 BUDGET_S = 0.03
 PROBED = 3             # candidates also timed at the smallest and least occupied sizes
+FIT_SLACK = 0.1        # a size fitting a candidate's tiles this much worse than its best
+                       # still measures its micro-kernel (see _full_size)
 # Before fitting: occupancy k, overhead s, cold and stream s/byte (memory at 20 GB/s, cache
 # at 40 GB/s).
 PRIOR = (0.5, 2e-6, 50e-12, 25e-12)
@@ -622,11 +624,15 @@ def _time_runs(tunings: Sequence[_Tuning], runs: Sequence[list[tuple[int, int]]]
 
 
 def _full_size(works: list) -> int:
-    """The grid point where the candidate's tiles fit best and keep the threads busiest,
-    the largest such (its time is then mostly the micro-kernel's)."""
-    return max(range(len(works)), key=lambda g: (
-        round(works[g].occupancy * works[g].useful_macs / max(works[g].macs, 1), 3),
-        works[g].macs))
+    """The largest grid point where the candidate's tiles fit and keep the threads busy
+    within FIT_SLACK of the best it does anywhere (its time is then mostly the
+    micro-kernel's). That is usually the range's largest size, which its end's run times
+    anyway: the exact best fit cost a run as long again (BERT's 3-row tiles ran at 126,
+    127 and 128)."""
+    fit = [w.occupancy * w.useful_macs / max(w.macs, 1) for w in works]
+    best = max(fit)
+    return max((g for g in range(len(works)) if fit[g] >= (1 - FIT_SLACK) * best),
+               key=lambda g: works[g].macs)
 
 
 def _probe_sizes(works: list) -> list[int]:

@@ -19,7 +19,6 @@ arithmetic is never reordered, and only rewrites exact in IEEE arithmetic apply.
 from __future__ import annotations
 
 import itertools
-
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -122,7 +121,9 @@ def _merge_div_mod(form: _Sum, dtype: DataType, ranges: Ranges) -> _Sum:
         quotient = _apply(Binary("//", term.a, term.b), ranges)
         for other, m in form.terms.items():
             if a is None:  # a symbolic divisor: x // n * n + x % n -> x, where n != 0
-                whole = term.a if m == k and _factor_out(other, term.b) == quotient else None
+                if m != k or _factor_out(other, term.b) != quotient:
+                    continue
+                whole = term.a
             elif m != k * a:
                 continue
             elif other == quotient:
@@ -130,8 +131,6 @@ def _merge_div_mod(form: _Sum, dtype: DataType, ranges: Ranges) -> _Sum:
             elif _op(other) == "%" and other.a == quotient and _divisor(other):
                 whole = _apply(Binary("%", term.a, Const(a * other.b.value, term.dtype)), ranges)
             else:
-                continue
-            if whole is None:
                 continue
             rest = form.plus(_Sum({term: k, other: m}), -1)
             return _merge_div_mod(rest.plus(_linear(whole, dtype), k), dtype, ranges)
@@ -399,7 +398,7 @@ def _compare_by_range(e: Binary, ranges: Ranges) -> Expr | None:
 def _equal_polynomials(e: Binary, ranges: Ranges) -> Expr | None:
     # a == b -> true (a != b -> false) when both expand to one polynomial in the same
     # terms: a reshape's element counts, (2x + 2) * (y + 1) * 512 == (2x + 2) * (2y + 2) * 256
-    if e.op not in ("==", "!=") or not (is_index_dtype(e.a.dtype) and is_index_dtype(e.b.dtype)):
+    if not (is_index_dtype(e.a.dtype) and is_index_dtype(e.b.dtype)):
         return None
     a, b = _polynomial(e.a), _polynomial(e.b)
     if a is None or b is None or a != b:
@@ -424,9 +423,8 @@ def _polynomial(e: Expr) -> dict[tuple, int] | None:
     a, b = _polynomial(e.a), _polynomial(e.b)
     if a is None or b is None:
         return None
-    result: dict[tuple, int] = dict(a)
+    result: dict[tuple, int] = {} if op == "*" else dict(a)
     if op == "*":
-        result = {}
         for (ma, ka), (mb, kb) in itertools.product(a.items(), b.items()):
             m = tuple(sorted(ma + mb, key=repr))
             result[m] = result.get(m, 0) + ka * kb

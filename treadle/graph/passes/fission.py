@@ -25,8 +25,8 @@ from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator, apply
 from treadle.graph.ops.common import ONNX_DTYPES
 from treadle.graph.ops.reduce import accumulator
-from treadle.graph.rewrite import rewrite_graph
 from treadle.graph.ops.shape import dims_tensor
+from treadle.graph.rewrite import rewrite_graph
 from treadle.graph.tensor import Dim, Tensor, constant
 from treadle.ir import dtypes
 from treadle.ir.dtypes import DataType

@@ -51,7 +51,7 @@ def schedule_winograd(op: Operator, name: str, target: CpuTarget) -> Kernel:
     channels, filters = _int(x.shape[3]), _int(red.shape[-1])
     out_size = (_size(height - 2), _size(width - 2))
     grid = [batch, *(_size(ceil_div(s, f.tile)) for s in out_size)]
-    tiles = _size(grid[0] * grid[1] * grid[2])
+    tiles = _size(math.prod(grid))
     # A block's buffers are on the stack, so their size is static; where the tile count
     # is symbolic, a block runs only the register tiles its tiles fill.
     per_block = min(MAX_TILES_PER_BLOCK,
@@ -102,7 +102,7 @@ def _input_transform(fb: FunctionBuilder, f: Transform, x: Buffer, v: Buffer, fi
     register tiles' tiles of the block. Tiles past the last repeat it (their products
     are never stored); positions past the input's edge, where the output size is not a
     multiple of the tile, read as zero."""
-    tiles = _size(grid[0] * grid[1] * grid[2])
+    tiles = _size(math.prod(grid))
     for t in fb.range(rows * ROWS, name="t"):
         n, ty, tx = (fb.let(a, e) for a, e in
                      zip(("n", "ty", "tx"), unravel(minimum(first + t, tiles - 1), grid)))
@@ -191,7 +191,7 @@ def _products(fb: FunctionBuilder, f: Transform, u: Buffer, v: Buffer, m: Buffer
 def _output_transform(fb: FunctionBuilder, f: Transform, m: Buffer, first, grid, out_size,
                       k0, output) -> None:
     """Each tile's outputs (AT M AT^T) through the epilogue, inside the output."""
-    tiles = _size(grid[0] * grid[1] * grid[2])
+    tiles = _size(math.prod(grid))
     for t in fb.range(m.shape[1], name="t"):
         with fb.if_(first + t < tiles):
             n, ty, tx = (fb.let(a, e) for a, e in

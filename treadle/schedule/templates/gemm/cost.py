@@ -41,7 +41,7 @@ def work(gemm: ResolvedGemm, env: Mapping[Var, int]) -> Work:
     """The work of ``gemm`` with its symbols at the values of ``env``."""
     batch, M, N, K = (_size(gemm.size(r), env) for r in ("batch", "m", "n", "k"))
     cfg = gemm.cfg
-    row_blocks = -(-M // max(_size(gemm.tile_rows, env), 1))
+    row_blocks = -(-M // _size(gemm.tile_rows, env))
     tiles = batch * row_blocks * -(-N // cfg.block_n) * cfg.split_k
     once = ELEMENT_BYTES * batch * N * K
     return Work(batch * round_up(M, cfg.micro_m) * round_up(N, cfg.micro_n) * K,

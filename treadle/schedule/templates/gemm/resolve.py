@@ -135,7 +135,8 @@ def tile_rows(cfg: GemmConfig, batch, M, N, threads: int):
     if spread == 1:
         return cfg.block_m
     blocks = maximum(ceil_div(M, cfg.block_m) + (spread - 1), spread) // spread * spread
-    return minimum(cfg.block_m, ceil_div(ceil_div(M, blocks), cfg.micro_m) * cfg.micro_m)
+    rows = ceil_div(ceil_div(M, blocks), cfg.micro_m) * cfg.micro_m
+    return minimum(cfg.block_m, maximum(rows, cfg.micro_m))  # one micro-panel at M = 0
 
 
 def resolve(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget) -> ResolvedGemm:

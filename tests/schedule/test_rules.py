@@ -2,12 +2,14 @@
 their meaning through the IR interpreter."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
 from treadle.ir import dtypes
 from treadle.ir.compute import compute, reduce
-from treadle.ir.expr import Buffer, Call, Load, Var, call
+from treadle.ir.expr import Binary, Buffer, Call, Load, Var, call
 from treadle.ir.functor import walk
 from treadle.ir.stmt import Accumulate, For, Store
 from treadle.ir.verify import verify
@@ -143,3 +145,56 @@ def test_a_transposition_walks_its_rows_with_the_input_contiguous_axis_fastest(s
     y = np.empty([sizes[0], c, sizes[1], sizes[2]], np.float32)
     interpret(func, xs, bs, y)
     np.testing.assert_array_equal(y, xs.transpose(0, 3, 1, 2) + bs[:, None, None])
+
+
+def _instance_norm(shape):
+    """A channels-last instance norm of one image, as the operator defines it."""
+    _, h, w, c = shape
+    x = Buffer("x", dtypes.float32, shape)
+    scale = Buffer("g", dtypes.float32, (c,))
+    count = h * w
+    total = reduce("sum", [1, 1, 1, c], [h, w], lambda n, a, b, j, p, q: x[n, p, q, j])
+    spread = reduce("var", [1, 1, 1, c], [h, w], lambda n, a, b, j, p, q: (
+        x[n, p, q, j] - total[0, 0, 0, j] / count) * (x[n, p, q, j] - total[0, 0, 0, j] / count))
+    out = compute("y", shape, lambda n, p, q, j: (x[n, p, q, j] - total[0, 0, 0, j] / count)
+                  * (1.0 / call("sqrt", spread[0, 0, 0, j] / count + 1e-5)) * scale[j])
+    return schedule_computes("instance_norm", [x, scale], [out])
+
+
+@pytest.mark.parametrize("shape", [(1, 7, 5, 3), (1, 13, 1, 17), (1, 0, 4, 2),
+                                   (1, Var("H"), 6, 16)])
+def test_a_value_constant_down_the_columns_is_computed_once_per_column(shape):
+    """The mean and the reciprocal square root of each channel's variance are computed
+    into workspaces before the loop over pixels, whose elements then only subtract and
+    multiply; the result is numpy's."""
+    kernel = _instance_norm(shape)
+    func = kernel.function
+    verify(func)
+    *_, rows = [n for n in walk(func.body) if isinstance(n, For) and n.kind == "parallel"]
+    assert not any(isinstance(n, Call) or isinstance(n, Binary) and n.op == "/"
+                   and n.dtype.is_float for n in walk(rows))
+    c = shape[-1]
+    assert [[str(d) for d in w.shape] for w in kernel.workspaces][-2:] == [[str(c)]] * 2
+    sizes = [7 if isinstance(d, Var) else d for d in shape]
+    rng = np.random.default_rng(sizes[1])
+    xs = rng.standard_normal(sizes).astype(np.float32) * 3 + 1
+    gs = rng.standard_normal(c).astype(np.float32)
+    y = np.empty_like(xs)
+    interpret(func, xs, gs, y, *(np.empty([int(str(d)) for d in w.shape], np.float32)
+                                 for w in kernel.workspaces))
+    x64 = xs.astype(np.float64)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an empty image's mean
+        mean = x64.mean(axis=(1, 2), keepdims=True)
+        var = ((x64 - mean) ** 2).mean(axis=(1, 2), keepdims=True)
+    np.testing.assert_allclose(y, (x64 - mean) / np.sqrt(var + 1e-5) * gs, rtol=1e-4, atol=1e-4)
+
+
+def test_a_value_of_each_row_stays_in_the_loop_over_rows():
+    """A reciprocal of each row's sum varies down the columns: nothing is hoisted."""
+    n, k = Var("N"), Var("K")
+    x = Buffer("x", dtypes.float32, (n, k))
+    total = reduce("sum", [n, 1], [k], lambda i, _, r: x[i, r])
+    out = compute("out", [n, k], lambda i, j: x[i, j] * (1.0 / total[i, 0]))
+    kernel = schedule_computes("normalise", [x], [out])
+    assert len(kernel.workspaces) == 1

@@ -46,13 +46,29 @@ def walk(node: Node) -> Iterator[Node]:
 def rewrite(node: Node, fn: Callable[[Node], Node | None]) -> Node:
     """Rebuilds the tree bottom-up; ``fn`` sees each rebuilt node and returns a replacement
     or None to keep it. Unchanged subtrees are shared, not copied."""
+    rebuilt = _rebuilt(node, lambda child: rewrite(child, fn))
+    result = fn(rebuilt)
+    return rebuilt if result is None else result
+
+
+def rewrite_outermost(node: Node, fn: Callable[[Node], Node | None]) -> Node:
+    """Rebuilds the tree top-down: ``fn`` sees each node before its children and returns
+    a replacement, which ends the descent there, or None to go on into the children."""
+    result = fn(node)
+    if result is not None:
+        return result
+    return _rebuilt(node, lambda child: rewrite_outermost(child, fn))
+
+
+def _rebuilt(node: Node, recurse: Callable[[Node], Node]) -> Node:
+    """``node`` with ``recurse`` applied to each child; the same object if none changed."""
     changes = {}
     for name in _fields(type(node)):
         value = getattr(node, name)
         if _is_node(value):
-            new = rewrite(value, fn)
+            new = recurse(value)
         elif isinstance(value, tuple) and any(_is_node(v) for v in value):
-            new = tuple(rewrite(v, fn) if _is_node(v) else v for v in value)
+            new = tuple(recurse(v) if _is_node(v) else v for v in value)
             if all(a is b for a, b in zip(new, value)):
                 continue
         else:
@@ -61,9 +77,7 @@ def rewrite(node: Node, fn: Callable[[Node], Node | None]) -> Node:
         # the old would walk both (quadratic on deep trees).
         if new is not value:
             changes[name] = new
-    rebuilt = dataclasses.replace(node, **changes) if changes else node
-    result = fn(rebuilt)
-    return rebuilt if result is None else result
+    return dataclasses.replace(node, **changes) if changes else node
 
 
 def substitute(node: Node, mapping: Mapping[Var, Expr]) -> Node:

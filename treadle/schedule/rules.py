@@ -12,6 +12,9 @@ Rules, applied to the computes an operator defines:
   the C compiler can vectorise it; a reduction keeps a scalar accumulator per element;
 * consecutive tensors with the same rows, each reading the others only within its own
   row (softmax's maximum, sum and output), share one loop over rows;
+* a costly part of an element that varies along the row but not down the columns (an
+  instance norm's per-channel reciprocal square root) is computed once per column, into
+  a workspace, before the loop over rows;
 * the innermost reduce loop of a float reduction is a vectorize loop accumulating in any
   order (``Accumulate``), unless it is too short to fill a vector: C compilers keep a
   float sum sequential otherwise, since reassociating it changes rounding.
@@ -24,8 +27,9 @@ from dataclasses import dataclass, replace
 from typing import Collection, Sequence
 
 from treadle.ir.compute import Compute, combine, identity_of, producer_of, reachable
-from treadle.ir.expr import Buffer, Call, Const, Expr, Load, Var, as_expr
-from treadle.ir.functor import bound_vars, free_vars, rewrite, substitute, walk
+from treadle.ir.expr import Binary, Buffer, Call, Const, Expr, Load, Var, as_expr
+from treadle.ir.functor import (bound_vars, free_vars, rewrite, rewrite_outermost,
+                                substitute, walk)
 from treadle.ir.mapping import unravel
 from treadle.ir.stmt import (Accumulate, Assert, DeclBuffer, For, Function, Let, Seq,
                              Stmt, Store)
@@ -66,10 +70,11 @@ def schedule_computes(name: str, inputs: Sequence[Buffer | None], outputs: Seque
     inline = Inliner(computes, shared)
     materialised = _materialise_order(outputs, computes, shared)
     groups = _row_groups(materialised, inline)
-    body = [Assert(cond, message) for cond, message in checks]
-    body += [_loop_nest(group, inline) for group in groups]
+    nests = [_loop_nest(group, inline) for group in groups]
+    body = [Assert(cond, message) for cond, message in checks] + [nest for nest, _ in nests]
     body_stmt = seq(body) if body else Seq(())
     workspaces = [c.buffer for c in materialised if c not in outputs]
+    workspaces += [b for _, columns in nests for b in columns]
     kernel = _kernel(name, inputs, outputs, workspaces, body_stmt)
     into_output = _written_in_place(groups, outputs, inline)
     if not into_output:
@@ -264,15 +269,16 @@ def _row_local(group: list[Compute], c: Compute, inline: Inliner) -> bool:
                for i, a, d in zip(load.indices[:-1], c.axes[:-1], rows))
 
 
-def _loop_nest(group: list[Compute], inline: Inliner) -> Stmt:
-    """A parallel loop over the group's rows, each compute's last dimension innermost."""
+def _loop_nest(group: list[Compute], inline: Inliner) -> tuple[Stmt, list[Buffer]]:
+    """A parallel loop over the group's rows, each compute's last dimension innermost,
+    after the loops filling the column workspaces it reads (``_column_values``)."""
     c = group[0]
     if not c.shape:
-        return _element(c, (), inline)
+        return _element(c, (), inline), []
     outer_shape, inner = c.shape[:-1], c.shape[-1]
     if not outer_shape:
         j = Var(f"{c.name}_j")
-        return For(j, inner, _element(c, (j,), inline), "parallel")
+        return For(j, inner, _element(c, (j,), inline), "parallel"), []
     row = Var(f"{c.name}_row")
     outer_count = as_expr(1)
     for d in outer_shape:
@@ -281,15 +287,65 @@ def _loop_nest(group: list[Compute], inline: Inliner) -> Stmt:
     unravelled = unravel(row, [outer_shape[a] for a in order])
     coords = [unravelled[order.index(a)] for a in range(len(outer_shape))]
     rows: list[Stmt] = []
+    columns: list[tuple[Buffer, Stmt]] = []
+    one_row = all(isinstance(d, Const) and d.value == 1 for d in outer_shape)
     for k, member in enumerate(group):
         j = Var(f"{member.name}_j")
         if _column_reduction(member, inline):
             rows += _columns(member, coords, j, inline)
             continue
         element = _element(member, (*coords, j), inline)
+        if not member.is_reduction and not one_row:
+            found, element = _column_values(element, member, (row, j),
+                                            {g.buffer for g in group})
+            columns += found
         lets, element = _hoist_row_values(element, {g.buffer for g in group[:k]}, j)
         rows += [*lets, For(j, member.shape[-1], element)]
-    return For(row, outer_count, seq(rows), "parallel")
+    nest = For(row, outer_count, seq(rows), "parallel")
+    return seq([fill for _, fill in columns] + [nest]), [b for b, _ in columns]
+
+
+def _column_values(store: Store, c: Compute, loops: tuple[Var, Var], local: set[Buffer]
+                   ) -> tuple[list[tuple[Buffer, Stmt]], Store]:
+    """Each costly part (a division, a call) of the value ``store`` writes into ``c`` that
+    varies along the column ``j`` but not along the ``row`` (``loops``: the loops over
+    both), computed once per column into a workspace before the loop over rows, with the
+    loop that fills it. An instance norm over a channels-last image divides by the square
+    root of each channel's variance: in every element, 3136 pixels x 128 channels, that
+    was half of the kernel's time. ``local`` are the tensors computed inside the loop
+    over rows."""
+    row, j = loops
+    found: dict[Expr, tuple[Buffer, Stmt]] = {}
+
+    def visit(node):
+        if isinstance(node, Load):
+            return node  # its indices are addresses, not values worth a workspace
+        if not _column_invariant_cost(node, loops, local):
+            return None
+        if node not in found:
+            buffer = Buffer(f"{c.name}_column{len(found)}", node.dtype, (c.shape[-1],))
+            column = Var(f"{buffer.name}_j")
+            found[node] = (buffer, For(column, c.shape[-1], Store(
+                buffer, (column,), substitute(node, {j: column}))))
+        return found[node][0][j]
+
+    value = rewrite_outermost(store.value, visit)
+    return list(found.values()), replace(store, value=value)
+
+
+def _column_invariant_cost(node, loops: tuple[Var, Var], local: set[Buffer]) -> bool:
+    """Whether ``node`` is a float value that holds a division or a call and reads
+    ``j`` or a tensor, but neither the ``row`` nor a tensor in ``local``. Half-precision
+    values stay: the element computes them wider and rounds once, at its store."""
+    row, j = loops
+    if not (isinstance(node, Expr) and node.dtype.is_float and node.dtype.bits >= 32) \
+            or row in free_vars(node):
+        return False
+    nodes = list(walk(node))
+    loads = [n for n in nodes if isinstance(n, Load)]
+    if not (loads or j in free_vars(node)) or any(n.buffer in local for n in loads):
+        return False
+    return any(isinstance(n, Call) or (isinstance(n, Binary) and n.op == "/") for n in nodes)
 
 
 def _row_order(group: list[Compute], inline: Inliner) -> list[int]:

@@ -198,3 +198,32 @@ def test_a_value_of_each_row_stays_in_the_loop_over_rows():
     out = compute("out", [n, k], lambda i, j: x[i, j] * (1.0 / total[i, 0]))
     kernel = schedule_computes("normalise", [x], [out])
     assert len(kernel.workspaces) == 1
+
+
+@pytest.mark.parametrize("op", ["sum", "max"])
+@pytest.mark.parametrize("shape, sizes", [
+    ((1, 61, 37, 16), [(61,)]),  # 36 112 elements: split along the 61 rows
+    ((1, Var("H"), 3, 5), [(0,), (1,), (7,), (97,)]),  # unknown: always split
+    ((1, 2, 3, 5), [(2,)]),  # too small to split
+])
+def test_a_single_row_column_reduction_splits_among_threads(op, shape, sizes):
+    """A global pooling of one channels-last image: parallel parts along its first long
+    axis into rows of partial results, combined after, where it reads enough to pay for
+    the threads; numpy's result at every size."""
+    _, h, w, c = shape
+    x = Buffer("x", dtypes.float32, shape)
+    pooled = reduce("pool", [1, 1, 1, c], [h, w], lambda n, a, b, j, p, q: x[n, p, q, j], op)
+    kernel = schedule_computes("pool", [x], [pooled])
+    verify(kernel.function)
+    parallel = [n for n in walk(kernel.function.body) if isinstance(n, For)
+                and n.kind == "parallel"]
+    assert len(parallel) == (0 if shape[1] == 2 else 1)
+    for (rows,) in sizes:
+        xs = np.random.default_rng(rows).standard_normal((1, rows, w, c)).astype(np.float32)
+        y = np.empty((1, 1, 1, c), np.float32)
+        workspaces = [np.empty([int(str(d)) for d in b.shape], np.float32)
+                      for b in kernel.workspaces]
+        interpret(kernel.function, xs, y, *workspaces)
+        expected = getattr(np, op)(xs.astype(np.float64), axis=(1, 2), keepdims=True,
+                                   initial=0.0 if op == "sum" else -np.inf)
+        np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)

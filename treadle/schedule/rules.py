@@ -15,6 +15,8 @@ Rules, applied to the computes an operator defines:
 * a costly part of an element that varies along the row but not down the columns (an
   instance norm's per-channel reciprocal square root) is computed once per column, into
   a workspace, before the loop over rows;
+* a reduction over the rows of one image keeping its contiguous axis (an instance norm's
+  statistics, a global pooling at batch 1) splits into parallel parts, combined after;
 * the innermost reduce loop of a float reduction is a vectorize loop accumulating in any
   order (``Accumulate``), unless it is too short to fill a vector: C compilers keep a
   float sum sequential otherwise, since reassociating it changes rounding.
@@ -27,16 +29,22 @@ from dataclasses import dataclass, replace
 from typing import Collection, Sequence
 
 from treadle.ir.compute import Compute, combine, identity_of, producer_of, reachable
-from treadle.ir.expr import Binary, Buffer, Call, Const, Expr, Load, Var, as_expr
+from treadle.ir.expr import (Binary, Buffer, Call, Const, Expr, Load, Var, as_expr,
+                             ceil_div, minimum)
 from treadle.ir.functor import (bound_vars, free_vars, rewrite, rewrite_outermost,
                                 substitute, walk)
 from treadle.ir.mapping import unravel
+from treadle.ir.simplify import simplify_expr
 from treadle.ir.stmt import (Accumulate, Assert, DeclBuffer, For, Function, Let, Seq,
                              Stmt, Store)
 from treadle.ir.builder import seq
 
 # A reduce loop shorter than this (when known) stays serial: one AVX2 vector of float32.
 MIN_VECTOR_REDUCE = 8
+# A column reduction of a single row splits into this many parallel parts (see
+# _split_columns) where it reads at least MIN_SPLIT_ELEMENTS: below, dispatching the
+# threads costs about what they save.
+SPLIT_PARTS, MIN_SPLIT_ELEMENTS = 16, 1 << 15
 
 
 @dataclass(frozen=True)
@@ -288,11 +296,17 @@ def _loop_nest(group: list[Compute], inline: Inliner) -> tuple[Stmt, list[Buffer
     coords = [unravelled[order.index(a)] for a in range(len(outer_shape))]
     rows: list[Stmt] = []
     columns: list[tuple[Buffer, Stmt]] = []
+    workspaces: list[Buffer] = []  # the split column reductions' partial results
     one_row = all(isinstance(d, Const) and d.value == 1 for d in outer_shape)
     for k, member in enumerate(group):
         j = Var(f"{member.name}_j")
         if _column_reduction(member, inline):
-            rows += _columns(member, coords, j, inline)
+            if one_row and _split_axis(member) is not None:
+                partial, stmts = _split_columns(member, coords, j, inline)
+                workspaces.append(partial)
+                rows += stmts
+            else:
+                rows += _columns(member, coords, j, inline)
             continue
         element = _element(member, (*coords, j), inline)
         if not member.is_reduction and not one_row:
@@ -301,8 +315,9 @@ def _loop_nest(group: list[Compute], inline: Inliner) -> tuple[Stmt, list[Buffer
             columns += found
         lets, element = _hoist_row_values(element, {g.buffer for g in group[:k]}, j)
         rows += [*lets, For(j, member.shape[-1], element)]
-    nest = For(row, outer_count, seq(rows), "parallel")
-    return seq([fill for _, fill in columns] + [nest]), [b for b, _ in columns]
+    # One row runs once: its split column reductions hold the parallel loops.
+    nest = seq(rows) if one_row else For(row, outer_count, seq(rows), "parallel")
+    return seq([fill for _, fill in columns] + [nest]), workspaces + [b for b, _ in columns]
 
 
 def _column_values(store: Store, c: Compute, loops: tuple[Var, Var], local: set[Buffer]
@@ -398,6 +413,56 @@ def _columns(c: Compute, coords: Sequence[Expr], j: Var, inline: Inliner) -> lis
     start = For(first, c.shape[-1], Store(c.buffer, (*coords, first),
                                           identity_of(c.reduce_op, c.dtype)))
     return [start, update]
+
+
+def _split_axis(c: Compute) -> int | None:
+    """The reduce axis along which a column reduction of a single row splits among
+    threads: its first longer than one, where the reduction reads at least
+    MIN_SPLIT_ELEMENTS (or an unknown number of) elements."""
+    extents = c.reduce_extents
+    axes = [k for k, e in enumerate(extents) if not (isinstance(e, Const) and e.value == 1)]
+    if not axes:
+        return None
+    count = c.shape[-1]
+    for e in extents:
+        count = count * e
+    count = simplify_expr(count)
+    return axes[0] if not isinstance(count, Const) or count.value >= MIN_SPLIT_ELEMENTS \
+        else None
+
+
+def _split_columns(c: Compute, coords: Sequence[Expr], j: Var, inline: Inliner
+                   ) -> tuple[Buffer, list[Stmt]]:
+    """A column reduction of a single row (an instance norm's statistics of one image, a
+    global pooling at batch 1) in SPLIT_PARTS parallel parts along one reduce axis, each
+    into a row of partial results, then those rows combined: as one loop it ran on one
+    thread. Returns the workspace of partial results and the statements."""
+    k = _split_axis(c)
+    axis, extent = c.reduce_axes[k], c.reduce_extents[k]
+    if isinstance(extent, Const):
+        step = ceil_div(extent.value, SPLIT_PARTS)
+        parts = ceil_div(extent.value, step)
+    else:
+        parts, step = SPLIT_PARTS, ceil_div(extent, SPLIT_PARTS)
+    partial = Buffer(f"{c.name}_parts", c.dtype, (parts, c.shape[-1]))
+    part, offset = Var(f"{c.name}_part"), Var(f"{c.name}_offset")
+    index = (*coords, j)
+    value = inline(substitute(c.value, {**dict(zip(c.axes, index)),
+                                        axis: part * step + offset}))
+    update: Stmt = For(j, c.shape[-1], Store(partial, (part, j),
+                                             combine(c.reduce_op, partial[part, j], value)))
+    for var, size in reversed(list(zip(c.reduce_axes, c.reduce_extents))):
+        update = For(*((offset, minimum(step, extent - part * step)) if var == axis
+                       else (var, size)), update)
+    identity = identity_of(c.reduce_op, c.dtype)
+    first, which = Var(f"{c.name}_first"), Var(f"{c.name}_which")
+    start = For(first, c.shape[-1], Store(partial, (part, first), identity))
+    split = For(part, parts, seq([start, update]), "parallel")
+    out = (*coords, first)
+    total = seq([For(first, c.shape[-1], Store(c.buffer, out, identity)),
+                 For(which, parts, For(first, c.shape[-1], Store(
+                     c.buffer, out, combine(c.reduce_op, c.buffer[out], partial[which, first]))))])
+    return partial, [split, total]
 
 
 def _hoist_row_values(stmt: Stmt, earlier: set[Buffer], j: Var) -> tuple[list[Let], Stmt]:

@@ -119,11 +119,13 @@ def test_kernel_of_symbolic_sizes_matches_direct_convolution(tile):
                      reduction=9 * 24 * (1 if tile == 2 else 16))
 
 
-@pytest.mark.parametrize("batch,side,tile", [("n", 28, 4), ("n", "s", 2)])
-def test_symbolic_model_runs_winograd_at_every_size(batch, side, tile):
+@pytest.mark.parametrize("batch,side,channels,tile", [
+    ("n", 28, 64, 4), ("n", "s", 64, 4), ("n", "s", 32, 2), ("n", "s", 144, 2)])
+def test_symbolic_model_runs_winograd_at_every_size(batch, side, channels, tile):
     """A symbolic batch chooses the tile a batch of 1 would; a symbolic image side takes
-    2x2 tiles. Each compiles once and matches ONNX Runtime at odd, prime and even sizes."""
-    model = conv_model(28, 64, 64, batch=batch)
+    4x4 tiles from 64 to 128 input channels, 2x2 ones otherwise. Each compiles once and
+    matches ONNX Runtime at odd, prime and even sizes."""
+    model = conv_model(28, channels, channels, batch=batch)
     if side == "s":
         for value in (*model.graph.input, *model.graph.output):
             for d in value.type.tensor_type.shape.dim[2:]:
@@ -132,6 +134,6 @@ def test_symbolic_model_runs_winograd_at_every_size(batch, side, tile):
     assert [n.attrs["tile"] for n in graph.nodes if n.op_type == "WinogradConv"] == [tile]
     program = compile_graph(from_onnx(model))
     for n, size in [(1, 28), (3, 28)] + ([(1, 17), (2, 31), (1, 3)] if side == "s" else []):
-        x = random_array((n, 64, size, size), seed=n + size)
+        x = random_array((n, channels, size, size), seed=n + size)
         assert_close(program(x)[0], run_onnxruntime(model, {"x": x})[0],
-                     reduction=9 * 64 * tile * tile)
+                     reduction=9 * channels * tile * tile)

@@ -13,8 +13,9 @@ per-transform-position products are too small to run the register tiles well (Re
 input channels, below which its larger transforms outweigh the products saved (measured
 on ResNet-50 and Inception-V3 layers: 4x4 tiles 2.5-2.8x the direct convolution on
 56x56x64 and 28x28x128, 2x2 tiles 2.0x; on 35x35x48 and 147x147x32 2x2 tiles win).
-A symbolic batch counts as 1. A symbolic height or width takes 2x2 tiles, which may
-overhang any size.
+A symbolic batch counts as 1. Where the height or width is symbolic, the tiles may
+overhang any size: layers with LARGE_TILE_CHANNELS to MAX_SYMBOLIC_LARGE_TILE_CHANNELS
+input channels take 4x4 tiles, others 2x2.
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ from treadle.ir.dtypes import float32
 
 MIN_TILES = 32
 LARGE_TILE_CHANNELS = 64
+# Where the image size is symbolic, layers with more input channels take 2x2 tiles.
+MAX_SYMBOLIC_LARGE_TILE_CHANNELS = 128
 # The template keeps a block of transformed input tiles, all channels, on a thread's stack.
 MAX_CHANNELS = 256
 
@@ -65,9 +68,11 @@ def _tile(node: Operator, inputs: list) -> Optional[int]:
         return None
     batch, height, width, _ = (normalize_dim(d) for d in x.shape)
     if not isinstance(height, int) or not isinstance(width, int):
-        # Any size: 2x2 tiles may overhang it. 4x4 ones ran 1.4x faster at 64 x 64 but
-        # 1.6x slower at 14 x 14 (256 channels), and many-channel layers are small ones.
-        return 2
+        # Any size: tiles may overhang it. A layer's channels tell its likely size: in
+        # U-Net with a symbolic image, 4x4 tiles on layers to 128 channels ran 1.10-1.12x
+        # faster than 2x2 ones everywhere at 96-256 pixels; on the 256-channel layers
+        # (12-32 pixels there) 0.95-1.06x, and 1.6x slower at ResNet-50's 14 x 14.
+        return 4 if LARGE_TILE_CHANNELS <= channels <= MAX_SYMBOLIC_LARGE_TILE_CHANNELS else 2
     batch = batch if isinstance(batch, int) else 1  # a symbolic batch: at least 1
 
     def tiles(side: int) -> int:

@@ -452,8 +452,9 @@ def _split_columns(c: Compute, coords: Sequence[Expr], j: Var, inline: Inliner
     update: Stmt = For(j, c.shape[-1], Store(partial, (part, j),
                                              combine(c.reduce_op, partial[part, j], value)))
     for var, size in reversed(list(zip(c.reduce_axes, c.reduce_extents))):
-        update = For(*((offset, minimum(step, extent - part * step)) if var == axis
-                       else (var, size)), update)
+        if var == axis:  # the part's own stretch of the split axis
+            var, size = offset, minimum(step, extent - part * step)
+        update = For(var, size, update)
     identity = identity_of(c.reduce_op, c.dtype)
     first, which = Var(f"{c.name}_first"), Var(f"{c.name}_which")
     start = For(first, c.shape[-1], Store(partial, (part, first), identity))

@@ -79,7 +79,8 @@ def schedule_computes(name: str, inputs: Sequence[Buffer | None], outputs: Seque
     materialised = _materialise_order(outputs, computes, shared)
     groups = _row_groups(materialised, inline)
     nests = [_loop_nest(group, inline) for group in groups]
-    body = [Assert(cond, message) for cond, message in checks] + [nest for nest, _ in nests]
+    body = [Assert(cond, message) for cond, message in checks]
+    body += [stmt for stmts, _ in nests for stmt in stmts]
     body_stmt = seq(body) if body else Seq(())
     workspaces = [c.buffer for c in materialised if c not in outputs]
     workspaces += [b for _, columns in nests for b in columns]
@@ -277,16 +278,18 @@ def _row_local(group: list[Compute], c: Compute, inline: Inliner) -> bool:
                for i, a, d in zip(load.indices[:-1], c.axes[:-1], rows))
 
 
-def _loop_nest(group: list[Compute], inline: Inliner) -> tuple[Stmt, list[Buffer]]:
+def _loop_nest(group: list[Compute], inline: Inliner) -> tuple[list[Stmt], list[Buffer]]:
     """A parallel loop over the group's rows, each compute's last dimension innermost,
-    after the loops filling the column workspaces it reads (``_column_values``)."""
+    after the loops filling the column workspaces it reads (``_column_values``); and the
+    workspaces it adds. The statements stay a flat list: CUDA launches the kernel's
+    top-level parallel loops, and runs a nested one on a single thread."""
     c = group[0]
     if not c.shape:
-        return _element(c, (), inline), []
+        return [_element(c, (), inline)], []
     outer_shape, inner = c.shape[:-1], c.shape[-1]
     if not outer_shape:
         j = Var(f"{c.name}_j")
-        return For(j, inner, _element(c, (j,), inline), "parallel"), []
+        return [For(j, inner, _element(c, (j,), inline), "parallel")], []
     row = Var(f"{c.name}_row")
     outer_count = as_expr(1)
     for d in outer_shape:
@@ -316,8 +319,8 @@ def _loop_nest(group: list[Compute], inline: Inliner) -> tuple[Stmt, list[Buffer
         lets, element = _hoist_row_values(element, {g.buffer for g in group[:k]}, j)
         rows += [*lets, For(j, member.shape[-1], element)]
     # One row runs once: its split column reductions hold the parallel loops.
-    nest = seq(rows) if one_row else For(row, outer_count, seq(rows), "parallel")
-    return seq([fill for _, fill in columns] + [nest]), workspaces + [b for b, _ in columns]
+    nest = rows if one_row else [For(row, outer_count, seq(rows), "parallel")]
+    return [fill for _, fill in columns] + nest, workspaces + [b for b, _ in columns]
 
 
 def _column_values(store: Store, c: Compute, loops: tuple[Var, Var], local: set[Buffer]

@@ -3,8 +3,11 @@ wide rows on lanes along the columns, the rest a thread per iteration; each agai
 through the GPU simulator, and all of them through nvcc."""
 import numpy as np
 import pytest
+from onnx import helper
 
-from tests.harness import assert_close, random_array
+import treadle
+from tests.frontend.onnx_models import make_model, tensor
+from tests.harness import assert_close, random_array, run_onnxruntime
 from treadle.backend.cuda import build_cuda, launch_shape
 from treadle.config import override
 from treadle.ir import dtypes
@@ -15,7 +18,7 @@ from treadle.ir.lower import lower
 from treadle.runtime import cuda as cuda_runtime
 from treadle.runtime.simulate import simulate
 from treadle.schedule.launches import WARP, launches
-from treadle.schedule.rules import schedule_computes
+from treadle.schedule.rules import MIN_SPLIT_ELEMENTS, schedule_computes
 from treadle.target.cuda import ARCHS, cuda_target, device_target
 
 TARGET = cuda_target("sm_80")
@@ -125,6 +128,30 @@ def test_whole_tensor_sum_and_row_sums_without_keepdims(size):
         out = np.full(np.shape(expected), np.nan, np.float32)
         run(kernel, [xv, out])
         assert_close(out, np.asarray(expected, np.float32), reduction=3 * size)
+
+
+@pytest.mark.parametrize("height", [1, 23, 61])
+def test_a_fused_instance_norm_launches_each_parallel_loop_as_a_grid(height, tmp_path):
+    """Fusion wraps a body it puts epilogues into (here the ReLU): the normalisation,
+    and the statistics where they split over the image's rows, each still launch a grid,
+    not one thread for all; the model in the simulator matches ONNX Runtime."""
+    c, w = 16, 37
+    nodes = [helper.make_node("Conv", ["x", "k"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("InstanceNormalization", ["c", "s", "b"], ["n"]),
+             helper.make_node("Relu", ["n"], ["y"])]
+    model = make_model(nodes, [tensor("x", [1, c, height, w])], [tensor("y", [1, c, height, w])],
+                       {"k": random_array((c, c, 3, 3), seed=1) * 0.3,
+                        "s": random_array((c,), seed=2), "b": random_array((c,), seed=3)})
+    with override(cache_dir=tmp_path):
+        compiled = treadle.compile(model, target="cuda:sm_80")
+    (step,) = [s for s in compiled.executable.steps if s.kernel is not None
+               and "InstanceNormalization" in s.kernel.function.name]
+    shapes = [tuple(map(str, launch_shape(f))) for f in step.kernel.launches]
+    grids = [s for s in shapes if s != ("1", "1")]  # not a single thread
+    assert len(grids) == (3 if c * height * w >= MIN_SPLIT_ELEMENTS else 1)
+    x = random_array((1, c, height, w), seed=height)
+    (expected,) = run_onnxruntime(model, {"x": x})
+    assert_close(compiled.executable.simulate(x)[0], expected, reduction=9 * c)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))

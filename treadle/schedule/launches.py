@@ -27,8 +27,8 @@ from treadle.ir.compute import combine
 from treadle.ir.dtypes import int32
 from treadle.ir.expr import Const, Var, call, ceil_div, const, eq
 from treadle.ir.functor import rewrite, walk
-from treadle.ir.stmt import (Accumulate, Assert, Barrier, For, Function, If, Let, Seq, Stmt,
-                             Store)
+from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, For, Function, If, Let,
+                             Seq, Stmt, Store)
 from treadle.schedule.rules import reduction_parts
 
 THREADS = 256
@@ -37,7 +37,7 @@ WARP = 32
 
 def launches(func: Function) -> list[Function]:
     """``func`` as the CUDA kernels that compute it, in launch order."""
-    items = list(func.body.stmts) if isinstance(func.body, Seq) else [func.body]
+    items = _statements(func.body)
     preamble: list[Stmt] = []
     work: list[Stmt] = []
     serial: list[Stmt] = []
@@ -63,6 +63,16 @@ def launches(func: Function) -> list[Function]:
         return [func.with_body(seq(preamble + work))]
     return [Function(f"{func.name}_{k}", func.params, seq(preamble + [stmt]), dict(func.attrs))
             for k, stmt in enumerate(work)]
+
+
+def _statements(stmt: Stmt) -> list[Stmt]:
+    """The kernel's top-level statements, with nested statement lists opened: fusion wraps
+    a body it puts epilogues into (an instance norm's statistics and normalisation, its
+    padding's borders), and a parallel loop inside would run on a single thread. A list
+    that declares a buffer stays whole: its statements share the declaration."""
+    if isinstance(stmt, Seq) and not any(isinstance(s, DeclBuffer) for s in stmt.stmts):
+        return [s for item in stmt.stmts for s in _statements(item)]
+    return [stmt]
 
 
 def _is_grid(stmt: Stmt) -> bool:

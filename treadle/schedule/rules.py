@@ -281,8 +281,7 @@ def _row_local(group: list[Compute], c: Compute, inline: Inliner) -> bool:
 def _loop_nest(group: list[Compute], inline: Inliner) -> tuple[list[Stmt], list[Buffer]]:
     """A parallel loop over the group's rows, each compute's last dimension innermost,
     after the loops filling the column workspaces it reads (``_column_values``); and the
-    workspaces it adds. The statements stay a flat list: CUDA launches the kernel's
-    top-level parallel loops, and runs a nested one on a single thread."""
+    workspaces it adds."""
     c = group[0]
     if not c.shape:
         return [_element(c, (), inline)], []

@@ -303,8 +303,9 @@ def _loop_nest(group: list[Compute], inline: Inliner) -> tuple[list[Stmt], list[
     for k, member in enumerate(group):
         j = Var(f"{member.name}_j")
         if _column_reduction(member, inline):
-            if one_row and _split_axis(member) is not None:
-                partial, stmts = _split_columns(member, coords, j, inline)
+            split = _split_axis(member) if one_row else None
+            if split is not None:
+                partial, stmts = _split_columns(member, split, coords, j, inline)
                 workspaces.append(partial)
                 rows += stmts
             else:
@@ -355,12 +356,13 @@ def _column_invariant_cost(node, loops: tuple[Var, Var], local: set[Buffer]) -> 
     ``j`` or a tensor, but neither the ``row`` nor a tensor in ``local``. Half-precision
     values stay: the element computes them wider and rounds once, at its store."""
     row, j = loops
-    if not (isinstance(node, Expr) and node.dtype.is_float and node.dtype.bits >= 32) \
-            or row in free_vars(node):
+    if not (isinstance(node, Expr) and node.dtype.is_float and node.dtype.bits >= 32):
         return False
     nodes = list(walk(node))
+    variables = {n for n in nodes if isinstance(n, Var)}
     loads = [n for n in nodes if isinstance(n, Load)]
-    if not (loads or j in free_vars(node)) or any(n.buffer in local for n in loads):
+    if row in variables or not (loads or j in variables) \
+            or any(n.buffer in local for n in loads):
         return False
     return any(isinstance(n, Call) or (isinstance(n, Binary) and n.op == "/") for n in nodes)
 
@@ -405,14 +407,22 @@ def _columns(c: Compute, coords: Sequence[Expr], j: Var, inline: Inliner) -> lis
     """A column reduction accumulating a whole row of results at once, the reduce loops
     outside and the row's contiguous axis innermost, where it vectorises; a loop per
     element would read one strided value per step."""
+    value = inline(substitute(c.value, dict(zip(c.axes, (*coords, j)))))
+    return _accumulated(c, c.buffer, coords, j, value, zip(c.reduce_axes, c.reduce_extents))
+
+
+def _accumulated(c: Compute, into: Buffer, coords: Sequence[Expr], j: Var, value: Expr,
+                 loops) -> list[Stmt]:
+    """``into``'s row at ``coords`` set to the identity of ``c``'s reduction, then
+    combined with ``value`` at each column ``j`` over ``loops`` (variable, extent),
+    outermost first, with ``j`` innermost."""
     index = (*coords, j)
-    value = inline(substitute(c.value, dict(zip(c.axes, index))))
-    update: Stmt = For(j, c.shape[-1], Store(c.buffer, index,
-                                             combine(c.reduce_op, c.buffer[index], value)))
-    for var, extent in reversed(list(zip(c.reduce_axes, c.reduce_extents))):
+    update: Stmt = For(j, c.shape[-1], Store(into, index,
+                                             combine(c.reduce_op, into[index], value)))
+    for var, extent in reversed(list(loops)):
         update = For(var, extent, update)
-    first = Var(f"{c.name}_first")
-    start = For(first, c.shape[-1], Store(c.buffer, (*coords, first),
+    first = Var(f"{into.name}_first")
+    start = For(first, c.shape[-1], Store(into, (*coords, first),
                                           identity_of(c.reduce_op, c.dtype)))
     return [start, update]
 
@@ -433,13 +443,12 @@ def _split_axis(c: Compute) -> int | None:
         else None
 
 
-def _split_columns(c: Compute, coords: Sequence[Expr], j: Var, inline: Inliner
+def _split_columns(c: Compute, k: int, coords: Sequence[Expr], j: Var, inline: Inliner
                    ) -> tuple[Buffer, list[Stmt]]:
     """A column reduction of a single row (an instance norm's statistics of one image, a
-    global pooling at batch 1) in SPLIT_PARTS parallel parts along one reduce axis, each
-    into a row of partial results, then those rows combined: as one loop it ran on one
-    thread. Returns the workspace of partial results and the statements."""
-    k = _split_axis(c)
+    global pooling at batch 1) in SPLIT_PARTS parallel parts along its reduce axis ``k``,
+    each into a row of partial results, then those rows combined: as one loop it ran on
+    one thread. Returns the workspace of partial results and the statements."""
     axis, extent = c.reduce_axes[k], c.reduce_extents[k]
     if isinstance(extent, Const):
         step = ceil_div(extent.value, SPLIT_PARTS)
@@ -447,25 +456,17 @@ def _split_columns(c: Compute, coords: Sequence[Expr], j: Var, inline: Inliner
     else:
         parts, step = SPLIT_PARTS, ceil_div(extent, SPLIT_PARTS)
     partial = Buffer(f"{c.name}_parts", c.dtype, (parts, c.shape[-1]))
-    part, offset = Var(f"{c.name}_part"), Var(f"{c.name}_offset")
-    index = (*coords, j)
-    value = inline(substitute(c.value, {**dict(zip(c.axes, index)),
+    part, offset, which = (Var(f"{c.name}_{n}") for n in ("part", "offset", "which"))
+    value = inline(substitute(c.value, {**dict(zip(c.axes, (*coords, j))),
                                         axis: part * step + offset}))
-    update: Stmt = For(j, c.shape[-1], Store(partial, (part, j),
-                                             combine(c.reduce_op, partial[part, j], value)))
-    for var, size in reversed(list(zip(c.reduce_axes, c.reduce_extents))):
-        if var == axis:  # the part's own stretch of the split axis
-            var, size = offset, minimum(step, extent - part * step)
-        update = For(var, size, update)
-    identity = identity_of(c.reduce_op, c.dtype)
-    first, which = Var(f"{c.name}_first"), Var(f"{c.name}_which")
-    start = For(first, c.shape[-1], Store(partial, (part, first), identity))
-    split = For(part, parts, seq([start, update]), "parallel")
-    out = (*coords, first)
-    total = seq([For(first, c.shape[-1], Store(c.buffer, out, identity)),
-                 For(which, parts, For(first, c.shape[-1], Store(
-                     c.buffer, out, combine(c.reduce_op, c.buffer[out], partial[which, first]))))])
-    return partial, [split, total]
+    # Each part takes its own stretch of the split axis.
+    loops = [(offset, minimum(step, extent - part * step)) if var == axis else (var, size)
+             for var, size in zip(c.reduce_axes, c.reduce_extents)]
+    split = For(part, parts, seq(_accumulated(c, partial, (part,), j, value, loops)),
+                "parallel")
+    column = Var(f"{c.name}_column")  # a loop of its own: each loop binds its variable once
+    total = _accumulated(c, c.buffer, coords, column, partial[which, column], [(which, parts)])
+    return partial, [split, *total]
 
 
 def _hoist_row_values(stmt: Stmt, earlier: set[Buffer], j: Var) -> tuple[list[Let], Stmt]:

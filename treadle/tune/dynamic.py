@@ -13,9 +13,9 @@ A kernel whose sizes hold a symbol with a declared range (``compile(..., dynamic
    over the columns).
 2. **Measurements, a fixed number.** Every stand-in config and the first MEASURED points
    of the space run at a size of the range where their tiles fit (within FIT_SLACK of
-   exactly) and keep every thread busy, and at every stand-in size; a few candidates also run at the range's
-   smallest size and at its least occupied one. How many does not depend on how
-   many sizes the range holds. A model's workloads are measured together
+   exactly) and keep every thread busy, and at every stand-in size; a few candidates
+   also run at the range's smallest size and at its least occupied one. How many does
+   not depend on how many sizes the range holds. A model's workloads are measured together
    (``choose_dynamic_many``): each round builds all their candidates at once and times
    them in one child process.
 3. **The cost model** predicts any candidate at any size (``CostModel``)::

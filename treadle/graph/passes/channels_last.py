@@ -32,7 +32,7 @@ from treadle.graph.ops.elementwise import ELEMENTWISE
 from treadle.graph.ops.shape import dims_tensor
 from treadle.graph.ops.transform import transpose_perm
 from treadle.graph.rewrite import rewrite_graph
-from treadle.graph.tensor import Tensor, constant
+from treadle.graph.tensor import Dim, Tensor, constant
 from treadle.schedule.templates.gemm import MIN_GEMM_COLUMNS
 
 LAYERS = ("Conv", "MaxPool", "AveragePool")
@@ -76,10 +76,14 @@ def _narrow(node: Operator) -> bool:
     rows by the pixels, channels last the pixels by a few scattered columns (Candy's last
     layer ran 5x slower). A grouped one is no such GEMM (MixNet's depthwise branches of a
     few channels each)."""
-    if node.op_type != "Conv" or int(node.attrs.get("group", 1)) > 1:
-        return False
-    channels = node.outputs[0].shape[1]
-    return isinstance(channels, int) and channels < MIN_GEMM_COLUMNS
+    return node.op_type == "Conv" and stays_channels_first(
+        node.outputs[0].shape[1], int(node.attrs.get("group", 1)))
+
+
+def stays_channels_first(channels: Dim, group: int) -> bool:
+    """Whether a convolution to ``channels`` in ``group`` groups stays N x C x spatial
+    (``_narrow``)."""
+    return group == 1 and isinstance(channels, int) and channels < MIN_GEMM_COLUMNS
 
 
 def to_last(rank: int) -> list[int]:

@@ -16,6 +16,7 @@ from treadle.graph.operator import Operator
 from treadle.schedule.rules import Kernel, schedule_computes
 from treadle.schedule.template import FixedTemplate, Template, default_point
 from treadle.schedule.templates.attention_cpu import schedule_attention
+from treadle.schedule.templates.dot_cpu import DOT
 from treadle.schedule.templates.gemm import GEMM
 from treadle.schedule.templates.index_check import schedule_index_check
 from treadle.schedule.templates.matmul_cuda import MATMUL_CUDA
@@ -91,7 +92,7 @@ class RulesTemplate(FixedTemplate):
 
 TEMPLATES: dict[str, tuple[Template, ...]] = {
     "cpu": (HandWrittenTemplate(), WinogradTemplate(), IndexCheckTemplate(),
-            AttentionTemplate(), GEMM, WindowTemplate(), RulesTemplate()),
+            AttentionTemplate(), DOT, GEMM, WindowTemplate(), RulesTemplate()),
     # On CUDA the rules' parallel loops become launches (schedule.launches).
     "cuda": (HandWrittenTemplate(), IndexCheckTemplate(), MATMUL_CUDA, RulesTemplate()),
 }

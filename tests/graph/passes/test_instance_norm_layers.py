@@ -60,7 +60,8 @@ def test_instance_norm_layers_stay_channels_last():
     assert "InstanceNormalization" not in types
     assert types.count("ChannelsLastInstanceNormalization") == 2
     # In: to channels-last before the first padding; out: the last convolution, to 3
-    # channels, runs channels-first and reads the second block back.
+    # channels from 16 (whole vectors: the dot template), runs channels last too and
+    # its result goes back to channels first.
     assert types.count("Transpose") == 2, types
 
 

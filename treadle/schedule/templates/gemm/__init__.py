@@ -36,8 +36,9 @@ __all__ = ["GEMM", "GemmConfig", "GemmPattern", "GemmTemplate", "ResolvedGemm", 
            "match_gemm_output", "schedule_gemm", "with_constants"]
 
 # Below this many output columns a GEMM tile is mostly padding (depthwise convolution,
-# matrix-vector products, a convolution to a few channels); the window template, the
-# swapped product or the rule-based loops serve those better.
+# matrix-vector products, a convolution to a few channels); the dot template (constant
+# columns, rows along K in whole vectors), the window template, the swapped product or
+# the rule-based loops serve those better.
 MIN_GEMM_COLUMNS = 8
 
 

@@ -10,8 +10,8 @@ from treadle.backend.cuda import (Resources, build_cuda, check_resources, genera
 from treadle.config import override
 from treadle.errors import CompileError, IRError
 from treadle.ir.builder import FunctionBuilder
-from treadle.ir.dtypes import float32
-from treadle.ir.expr import eq
+from treadle.ir.dtypes import float32, float64
+from treadle.ir.expr import call, eq
 from treadle.ir.lower import lower
 from treadle.target.cuda import ARCHS, cuda_target
 
@@ -146,3 +146,21 @@ def test_a_buffer_read_back_across_a_barrier_is_not_restrict():
     source = generate_cuda([lower(fb.function, cuda_target())])
     assert "float *total" in source and "__restrict__ total" not in source
     assert "const float *__restrict__ a" in source and "float *__restrict__ out" in source
+
+
+def test_fmod_is_cuda_fmod_in_each_precision(tmp_path):
+    """The exact remainder is CUDA's fmodf / fmod, which nvcc builds."""
+    with FunctionBuilder("remainders") as fb:
+        a = fb.param("a", float32, [32])
+        b = fb.param("b", float64, [32])
+        out_a = fb.param("out_a", float32, [32])
+        out_b = fb.param("out_b", float64, [32])
+        for _ in fb.range(1, kind="blocks", name="g"):
+            for t in fb.range(32, kind="threads", name="t"):
+                out_a[t] = call("fmod", a[t], a[31 - t])
+                out_b[t] = call("fmod", b[t], b[31 - t])
+    func = lower(fb.function, cuda_target())
+    source = generate_cuda([func])
+    assert "fmodf(a[" in source and "fmod(b[" in source
+    with override(cache_dir=tmp_path):
+        assert build_cuda([func], cuda_target(), "remainders").cubin[:4] == b"\x7fELF"

@@ -59,8 +59,9 @@ SHIFT_OPS = ("<<", ">>")
 # libm functions by primitive; float32 calls the f-suffixed one.
 LIBM = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf",
         "sin": "sin", "cos": "cos", "floor": "floor", "ceil": "ceil", "round": "rint",
-        "pow": "pow", **{f: f for f in ("tan", "asin", "acos", "atan", "sinh", "cosh",
-                                        "asinh", "acosh", "atanh")}}
+        "pow": "pow", "fmod": "fmod",
+        **{f: f for f in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+                          "atanh")}}
 # Functions generated code calls, so no local may shadow them.
 CALLED = {name + suffix for name in (*LIBM.values(), "fabs", "fma") for suffix in ("", "f")}
 

@@ -63,6 +63,9 @@ PRIMITIVES = {p.name: p for p in (
     Primitive("ceil", 1, np.ceil),
     Primitive("round", 1, np.rint),
     Primitive("pow", 2, np.power),
+    # The remainder of the quotient truncated toward zero, computed exactly (C's fmod):
+    # a - trunc(a / b) * b in floating point loses it once a / b passes the mantissa.
+    Primitive("fmod", 2, np.fmod),
     Primitive("fma", 3, lambda a, b, c: a * b + c),
     Primitive("reduce_add", 1, lambda v: np.sum(v, dtype=v.dtype), "scalar"),
     Primitive("reduce_max", 1, np.max, "scalar"),
@@ -75,8 +78,8 @@ PRIMITIVES = {p.name: p for p in (
 )}
 
 FLOAT_ONLY = {"exp", "log", "sqrt", "tanh", "erf", "sin", "cos", "floor", "ceil", "round",
-              "pow", "fma", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
-              "atanh"}
+              "pow", "fmod", "fma", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
+              "acosh", "atanh"}
 
 
 def lookup(name: str) -> Primitive:

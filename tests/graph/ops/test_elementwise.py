@@ -144,6 +144,58 @@ def test_integer_ops_follow_onnx():
     np.testing.assert_array_equal(got[2], np.fmod(va, vb))
 
 
+def _mod_operands(dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Dividends as a column and divisors as a row: quotients far past the mantissa, both
+    signs, zeros, a subnormal, infinities and NaN, with random ones up to the type's
+    largest value (31 x 13: a vector loop and its tail)."""
+    gen = np.random.default_rng(5)
+    big = np.finfo(dtype).max
+    specials = [5.536e7, 8.858e8, 1.417e10, big, -big, 7.5, -7.5, 5.0, -5.0, 0.0, -0.0,
+                np.finfo(dtype).smallest_subnormal, np.inf, -np.inf, np.nan]
+    scale = 10.0 ** gen.uniform(0, np.log10(big), 16)
+    a = np.concatenate([np.clip(specials, -big, big), scale * gen.choice([-1, 1], 16)])
+    b = [7.0, -7.0, 100.0, 0.1, -3.0, 1.0, 2.0 ** -10, np.inf, -np.inf, 0.0, np.nan,
+         float(gen.uniform(1, 9)), -float(gen.uniform(1, 9))]
+    return a.astype(dtype)[:, None], np.array(b, dtype)[None, :]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_float_mod_is_exact_for_any_quotient(dtype):
+    """Mod with fmod=1 is C's fmod (the dividend's sign), without: numpy.mod (the
+    divisor's sign, opset 28's infinite divisor), both exact however large the quotient."""
+    va, vb = _mod_operands(dtype)
+    a, b = Tensor("a", dtype, va.shape), Tensor("b", dtype, vb.shape)
+    outs = [apply("Mod", [a, b], {"fmod": 1})[0], apply("Mod", [a, b])[0]]
+    fmod, mod = run_graph([(a, va), (b, vb)], outs)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        np.testing.assert_array_equal(fmod, np.fmod(va, vb))
+        np.testing.assert_array_equal(mod, np.mod(va, vb))
+
+
+def test_bfloat16_mod_is_exact():
+    """bfloat16 (raw bits, the float32 operands truncated) is worked on in float32: the
+    exact remainder of two bfloat16 values is a bfloat16 value."""
+    bits = [(v.view(np.uint32) >> 16).astype(np.uint16) for v in _mod_operands("float32")]
+    va, vb = ((b.astype(np.uint32) << 16).view(np.float32) for b in bits)
+    a, b = Tensor("a", "bfloat16", va.shape), Tensor("b", "bfloat16", vb.shape)
+    outs = [apply("Mod", [a, b], {"fmod": 1})[0], apply("Mod", [a, b])[0]]
+    got = run_graph([(a, bits[0]), (b, bits[1])], outs)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for result, expected in zip(got, (np.fmod(va, vb), np.mod(va, vb))):
+            widened = (result.astype(np.uint32) << 16).view(np.float32)
+            np.testing.assert_array_equal(widened, expected)
+
+
+def test_sign_keeps_nan():
+    """ONNX's reference is numpy.sign, and ONNX Runtime agrees: NaN stays NaN."""
+    for dtype in ("float32", "float16"):
+        x = Tensor("x", dtype, [61])
+        value = np.resize(np.array([np.nan, -2.5, 0.0, -0.0, 3.0, np.inf, -np.inf, 1e-30],
+                                   dtype), 61)
+        (result,) = run_graph([(x, value)], [apply("Sign", [x])[0]])
+        np.testing.assert_array_equal(result, np.sign(value), err_msg=dtype)
+
+
 def test_where_cast_clip_and_variadic():
     c = Tensor("c", "bool", [5, 1])
     x, y = Tensor("x", "float32", [5, 3]), Tensor("y", "float32", [3])

@@ -323,6 +323,39 @@ def test_broadcast_and_pad_symbolic():
     ], envs=({"n": 3}, {"n": 13}))
 
 
+def test_negative_pads_crop_before_every_mode_pads():
+    """ONNX Runtime crops first and pads what is left: wrap repeats, reflect mirrors and
+    edge repeats the cropped input's ends, whatever pads the other side."""
+    mixed = [i64(-1, 2, 2, -1), i64(2, -1, -1, 2), i64(-2, 7, 3, -3), i64(-1, -2, 1, 3)]
+    check([
+        *(Case("Pad", [In((5, 7)), pads], {"mode": mode}, opset=19)
+          for mode in ("wrap", "edge", "constant") for pads in mixed),
+        Case("Pad", [In((5, 7)), i64(-1, 2, 2, -1)], {"mode": "reflect"}),
+        Case("Pad", [In((5, 7)), i64(1, -2, -3, 1)], {"mode": "reflect"}),
+        Case("Pad", [In((3, 11), "int32"), i64(1, -4, -2, 9)], {"mode": "wrap"}, opset=19),
+    ])
+
+
+def test_negative_pads_crop_before_padding_symbolic():
+    check([
+        Case("Pad", [In(("n", 5)), i64(-1, 2, 2, -1)], {"mode": "wrap"}, opset=19),
+        Case("Pad", [In(("n", 5)), i64(1, -1, -1, 1)], {"mode": "reflect"}),
+        Case("Pad", [In(("n", 5)), i64(-2, 1, 1, -3)], {"mode": "edge"}),
+    ], envs=({"n": 3}, {"n": 13}))
+
+
+def test_reflect_pads_are_checked_against_the_cropped_input():
+    x = Tensor("x", "float32", [5])
+    _raises(ShapeError, "Pad", [x, constant(i64(-3, 2))], {"mode": "reflect"},
+            match="exceeds")
+    n = Tensor("n", "float32", ["n"])
+    model = compile_graph(Graph.from_outputs(
+        [n], [apply("Pad", [n, constant(i64(-3, 2))], {"mode": "reflect"}, name="pad")[0]]))
+    assert model(np.arange(6, dtype=np.float32))[0].tolist() == [3, 4, 5, 4, 3]
+    with pytest.raises(KernelError, match="'pad'"):
+        model(np.arange(5, dtype=np.float32))
+
+
 def test_expand_from_symbolic_shape():
     x = Tensor("x", "float32", [1, 5])
     y = Tensor("y", "float32", ["n", 1])
@@ -416,15 +449,19 @@ def test_symbolic_mismatch_is_checked_at_run_time():
 
 
 # ---- indices out of range ---------------------------------------------------------------
-def _indexing_model(op: str, data: list, indices: list, attrs: dict, updates=None):
+def _indexing_model(op: str, data: list, indices, attrs: dict, updates=None):
+    """``indices`` is the shape of an input, or an array: the contents of an initializer."""
     names = ["data", "indices"] + (["updates"] if updates else [])
-    inputs = [helper.make_tensor_value_info("data", onnx.TensorProto.FLOAT, data),
-              helper.make_tensor_value_info("indices", onnx.TensorProto.INT64, indices)]
+    inputs = [helper.make_tensor_value_info("data", onnx.TensorProto.FLOAT, data)]
+    known = isinstance(indices, np.ndarray)
+    if not known:
+        inputs.append(helper.make_tensor_value_info("indices", onnx.TensorProto.INT64, indices))
     if updates:
         inputs.append(helper.make_tensor_value_info("updates", onnx.TensorProto.FLOAT, updates))
     node = helper.make_node(op, names, ["y"], name="pick", **attrs)
     graph = helper.make_graph([node], "m", inputs,
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(indices, "indices")] if known else [])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
@@ -467,3 +504,35 @@ def test_known_indices_out_of_range_fail_to_compile():
                               [indices])
     with pytest.raises(ModelError, match=r"node 'pick' \(Gather\): index -5 is out of range"):
         treadle.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+
+
+@pytest.mark.parametrize("op, data, indices, attrs, updates, good, bad", [
+    ("Gather", ["r", "n"], [[4, -5], [0, 2]], {"axis": 1}, None, [5, 7, 2039],
+     {0: 4, 1: 4, 4: 4}),
+    ("Gather", ["n", 3], -1, {"axis": 0}, None, [1, 2, 13], {0: -1}),
+    ("GatherElements", [2, "n"], [[0, -3], [2, 1]], {"axis": 1}, None, [3, 5, 2039],
+     {0: 0, 1: -3, 2: -3}),
+    ("GatherND", [3, "n"], [[2, 6], [0, -1]], {}, None, [7, 11], {0: 6, 1: 6, 6: 6}),
+    ("GatherND", ["r", "n"], [[0, -1]], {}, None, [1, 3], {0: -1}),
+    ("ScatterElements", [2, "n"], [[3], [-1]], {"axis": 1}, [2, 1], [4, 5, 17],
+     {0: 3, 1: 3, 3: 3}),
+    ("ScatterND", ["n", 3], [[4], [-2]], {}, [2, 3], [5, 7, 2039], {0: 4, 1: 4, 4: 4}),
+])
+def test_known_indices_over_a_symbolic_axis_are_checked_at_run_time(op, data, indices, attrs,
+                                                                     updates, good, bad):
+    """Known indices over an axis whose size only run time knows: at each size they fit,
+    the result matches ONNX Runtime's; at one they do not (0 and 1 among them), the call
+    raises a KernelError naming the node and the first index out of range."""
+    model = _indexing_model(op, data, np.array(indices, np.int64), attrs, updates)
+    compiled = treadle.compile(model)
+
+    def feeds(n: int) -> dict:
+        arrays = {"data": random_array(tuple(n if d == "n" else 3 if d == "r" else d
+                                             for d in data))}
+        return {**arrays, "updates": random_array(tuple(updates))} if updates else arrays
+    for n in good:
+        call = feeds(n)
+        assert_close(compiled(**call)[0], run_onnxruntime(model, call)[0], context=f"n={n}")
+    for n, offending in bad.items():
+        with pytest.raises(KernelError, match=rf"node 'pick' \({op}\): index {offending} is out"):
+            compiled(**feeds(n))

@@ -127,3 +127,12 @@ def test_a_resize_to_the_same_size_is_dropped_unless_its_scales_move_positions(m
     after = canonicalize(before)
     assert op_types(after) == ["Add", "Resize"]
     same_outputs(before, after, random_array((1, 3, 2, 5), seed=1))
+
+
+@pytest.mark.parametrize("shape, checked", [([4, 5], []), ([4, "n"], ["CheckIndices"])])
+def test_known_indices_are_checked_at_run_time_only_against_a_symbolic_size(shape, checked):
+    """Against a known size a known index is checked here; against a symbol, only the
+    run-time check can decide."""
+    x = Tensor("x", "float32", shape)
+    y = apply("Gather", [x, constant(np.array([3, -1]))], {"axis": 1})[0]
+    assert op_types(canonicalize(Graph.from_outputs([x], [y]))) == [*checked, "Gather"]

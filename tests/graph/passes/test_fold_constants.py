@@ -50,3 +50,12 @@ def test_sizes_computed_from_constants_in_float_are_known_while_importing():
     assert y.shape == (6, 2)
     a = random_array((12,))
     assert_close(compile_graph(Graph.from_outputs([x], [y]))(a)[0], a.reshape(6, 2))
+
+
+def test_a_check_of_known_indices_against_a_symbolic_size_is_kept():
+    x = Tensor("x", "float32", ["n"])
+    checked = apply("CheckIndices", [constant(np.array([2])), x],
+                    {"axes": [0], "node": "pick", "op": "Gather"})[0]
+    y = apply("Gather", [x, checked])[0]
+    out = fold_constants(Graph.from_outputs([x], [y]))
+    assert [n.op_type for n in out.nodes] == ["CheckIndices", "Gather"]

@@ -82,8 +82,10 @@ def _shrink(x, attrs):
                   select(x > _c(lambd, x), x - _c(bias, x), _c(0, x)))
 
 
-def _sign(x):
-    return select(x > _c(0, x), _c(1, x), select(x < _c(0, x), _c(-1, x), _c(0, x)))
+def _sign(x: Expr) -> Expr:
+    sign = select(x > _c(0, x), _c(1, x), select(x < _c(0, x), _c(-1, x), _c(0, x)))
+    # NaN stays NaN, as in ONNX's reference (numpy.sign) and ONNX Runtime.
+    return select(ne(x, x), x, sign) if x.dtype.is_float else sign
 
 
 # Unary ops: ONNX name -> f(x, attrs). Float-only ones reject integer inputs by name.
@@ -134,18 +136,14 @@ def _div(a, b):
 
 
 def _mod(a, b, attrs):
+    # The truncated remainder, with the dividend's sign (fmod's rule): C's % for integers,
+    # the exact fmod for floats, whatever the size of the quotient.
+    r = call("fmod", a, b) if a.dtype.is_float else a % b
     if attrs.get("fmod", 0):
-        # C's remainder takes the dividend's sign, which is fmod's rule.
-        return _fmod(a, b) if a.dtype.is_float else a % b
-    if a.dtype.is_float:
-        # Against an infinite divisor a finite dividend is its own remainder when the
-        # signs agree (or it is zero), else the remainder is the divisor (opset 28).
-        inf = float("inf")
-        infinite = eq(call("abs", b), _c(inf, b)) & (call("abs", a) < _c(inf, a))
-        same_sign = eq(a < _c(0, a), b < _c(0, b)) | eq(a, _c(0, a))
-        return select(infinite, select(same_sign, a, b), a - call("floor", a / b) * b)
-    # Python-style modulo: a non-zero result takes the divisor's sign.
-    r = a % b
+        return r
+    # Python-style modulo, as numpy.mod: a non-zero result takes the divisor's sign. Against
+    # an infinite divisor a finite dividend of the other sign so becomes the divisor
+    # (opset 28).
     return select(logical_and(ne(r, _c(0, r)), ne(r < _c(0, r), b < _c(0, b))), r + b, r)
 
 
@@ -158,11 +156,6 @@ def _bit_shift(a, b, left: bool):
         return select(beyond, _c(0, a), a << amount)
     fill = select(a < _c(0, a), _c(-1, a), _c(0, a)) if a.dtype.kind == "int" else _c(0, a)
     return select(beyond, fill, a >> amount)
-
-
-def _fmod(a, b):
-    q = a / b
-    return a - select(q < _c(0.0, q), call("ceil", q), call("floor", q)) * b
 
 
 # Binary ops: ONNX name -> f(a, b, attrs).

@@ -408,7 +408,8 @@ def expand(ctx: OpContext):
 
 
 # Pad: mode -> the input position read for an output position j (relative to the input,
-# possibly outside it) along a dimension d.
+# possibly outside it) along a dimension d. A negative pad crops the input first, and the
+# mode then pads what is left, as ONNX Runtime does: d and j are those of the cropped input.
 PAD_MODES = {
     "edge": lambda j, d: minimum(maximum(j, 0), as_expr(d) - 1),
     "reflect": lambda j, d: select(j < 0, -j, select(j >= d, (as_expr(d) - 1) * 2 - j, j)),
@@ -433,24 +434,35 @@ def pad(ctx: OpContext):
     out = [simplify_dim(as_expr(d) + b + e) for d, b, e in zip(shape, before, after)]
     if any(isinstance(d, int) and d < 0 for d in out):
         raise ctx.error(f"pads {pads} crop {_fmt(shape)} below zero")
+    cropped = [max(-b, 0) for b in before]
+    kept = [simplify_dim(as_expr(d) - c - max(-e, 0)) for d, c, e in zip(shape, cropped, after)]
+    grown = [max(b, 0) for b in before]
     padded = [a for a in range(len(shape)) if before[a] > 0 or after[a] > 0]
-    for a in padded:
-        if mode == "reflect":
-            _require_at_most(ctx, max(before[a], after[a]), simplify_dim(as_expr(shape[a]) - 1),
-                             f"reflect padding of dimension {a}")
-        elif mode != "constant":
-            _require_at_most(ctx, 1, shape[a], f"{mode} padding of dimension {a}")
+    _check_pad_extents(ctx, mode, padded, kept, grown, after)
 
     def element(*i):
-        j = [v - b for v, b in zip(i, before)]
+        source = [v - b for v, b in zip(i, before)]
+        j = [v - g for v, g in zip(i, grown)]  # in the cropped input
         if mode != "constant":
-            return x[tuple(PAD_MODES[mode](j[a], shape[a]) if a in padded else j[a]
-                           for a in range(len(shape)))]
-        inside = [c for a in padded for c in (j[a] >= 0, j[a] < shape[a])]
+            return x[tuple(PAD_MODES[mode](j[a], kept[a]) + cropped[a] if a in padded
+                           else source[a] for a in range(len(shape)))]
+        inside = [c for a in padded for c in (j[a] >= 0, j[a] < kept[a])]
         if not inside:
-            return x[tuple(j)]
-        return select(logical_and(*inside), x[tuple(j)], _pad_value(ctx, x.dtype))
+            return x[tuple(source)]
+        return select(logical_and(*inside), x[tuple(source)], _pad_value(ctx, x.dtype))
     return [compute("y", out, element)]
+
+
+def _check_pad_extents(ctx: OpContext, mode: str, padded: list[int], kept: list[Dim],
+                       grown: list[int], after: list[int]) -> None:
+    """Reflection needs more elements left after cropping than it pads on either side;
+    edge and wrap need one."""
+    for a in padded:
+        if mode == "reflect":
+            _require_at_most(ctx, max(grown[a], after[a]), simplify_dim(as_expr(kept[a]) - 1),
+                             f"reflect padding of dimension {a}")
+        elif mode != "constant":
+            _require_at_most(ctx, 1, kept[a], f"{mode} padding of dimension {a}")
 
 
 def _pad_value(ctx: OpContext, dtype) -> Expr:

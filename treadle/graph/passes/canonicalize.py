@@ -16,7 +16,8 @@
   packing doubled the cost of ResNet's 3x3 convolutions;
 * ``x * tanh(softplus(x))`` is Mish;
 * a gather or scatter reads indices computed at run time through ``CheckIndices``, which
-  fails on one out of range; known indices are checked here.
+  fails on one out of range; known indices are checked here, and read through
+  ``CheckIndices`` too when they index an axis of symbolic size, which only run time knows.
 """
 from __future__ import annotations
 
@@ -154,11 +155,10 @@ def _check_indices(node: Operator, inputs: list, readers) -> Optional[Sequence[T
     if attrs is None:
         return None
     known = small_contents(indices)
-    if known is None:
-        checked = apply("CheckIndices", [indices, data], attrs, f"{node.name}/check_indices")[0]
-        return reapply(node, [data, checked, *inputs[2:]])
-    _check_known(known, data, attrs)
-    return None
+    if known is not None and _check_known(known, data, attrs):
+        return None
+    checked = apply("CheckIndices", [indices, data], attrs, f"{node.name}/check_indices")[0]
+    return reapply(node, [data, checked, *inputs[2:]])
 
 
 def _index_axes(node: Operator, data: Tensor, indices: Tensor) -> Optional[dict]:
@@ -177,7 +177,9 @@ def _index_axes(node: Operator, data: Tensor, indices: Tensor) -> Optional[dict]
     return {**where, "axes": [axis % data.rank]}
 
 
-def _check_known(known: np.ndarray, data: Tensor, attrs: dict) -> None:
+def _check_known(known: np.ndarray, data: Tensor, attrs: dict) -> bool:
+    """Raises on a known index out of range of an axis of known size; returns whether that
+    decided every index, so that no run-time check is left (none indexes a symbolic size)."""
     sizes = index_bounds(known.shape, data.shape, attrs)
     columns = known.reshape(-1, len(sizes)) if attrs.get("tuples") else known.reshape(-1, 1)
     for j, size in enumerate(sizes):
@@ -186,6 +188,7 @@ def _check_known(known: np.ndarray, data: Tensor, attrs: dict) -> None:
         bad = columns[:, j][(columns[:, j] < -size) | (columns[:, j] >= size)]
         if bad.size:
             raise ModelError(out_of_range(attrs, int(bad[0]), j, size))
+    return known.size == 0 or all(isinstance(size, int) for size in sizes)
 
 
 def _mish(node: Operator, inputs: list, readers) -> Optional[Sequence[Tensor]]:

@@ -14,6 +14,7 @@ import numpy as np
 
 from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator
+from treadle.graph.partition import CHECKING
 from treadle.graph.rewrite import reapply, rewrite_graph
 from treadle.graph.tensor import MAX_KNOWN, Tensor
 
@@ -26,7 +27,9 @@ def fold_constants(graph: Graph) -> Graph:
 
 def _fold(node: Operator, inputs: list[Optional[Tensor]]) -> Optional[Sequence[Tensor]]:
     outputs = reapply(node, inputs)
-    if all(_known_ints(t) for t in outputs):
+    # A check's output is its input, known or not; replaced by it, the check (of an index
+    # against a symbolic size) would never run.
+    if all(_known_ints(t) for t in outputs) and node.op_type not in CHECKING:
         # Known element by element (shape arithmetic), whatever the inputs are.
         arrays = [np.array(t.value, t.dtype.numpy).reshape(t.shape) for t in outputs]
     elif (_all_constant(inputs) and all(t.is_static for t in outputs)

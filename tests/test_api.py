@@ -63,6 +63,15 @@ def test_serialized_models_compile_as_onnxruntime_takes_them():
         treadle.compile(b"\x07junk")
 
 
+def test_an_empty_file_is_a_model_error_naming_it(tmp_path):
+    """protobuf parses zero bytes as a model without a graph (an interrupted download)."""
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    for source, where in ((empty, str(empty)), (b"", "the 0 bytes given")):
+        with pytest.raises(ModelError, match=f"{where}: no ONNX model"):
+            treadle.compile(source)
+
+
 def test_a_directory_is_a_model_error_naming_it(tmp_path):
     with pytest.raises(ModelError, match=f"{tmp_path}: a directory, not an ONNX file"):
         treadle.compile(tmp_path)

@@ -98,15 +98,17 @@ def test_show_lists_unsupported_ops(unsupported, capsys):
     (["run", "{affine}", "--dynamic", "bach=1:8"], "dynamic names 'bach', which no input"),
     (["run", "{affine}", "--dynamic", "batch=8:1"], "lo is greater than hi"),
     (["show", "{garbage}"], "not a readable ONNX model"),
+    (["show", "{empty}"], "no ONNX model"),
     (["run", "{affine}", "--dim", "batch=2", "--simulate"], "--simulate runs CUDA kernels"),
     (["run", "{affine}", "--target", "tpu"], "expected 'cpu', 'cuda' or 'cuda:<arch>'"),
 ])
 def test_errors_print_one_line_and_exit_2(affine, unsupported, tmp_path, capsys, argv, message):
     garbage = tmp_path / "garbage.onnx"
     garbage.write_bytes(b"\x07junk")
+    (tmp_path / "empty.onnx").write_bytes(b"")
     np.save(tmp_path / "x.npy", np.zeros((3, 5), np.float32))
     paths = {"affine": affine, "unsupported": unsupported, "missing": tmp_path / "missing.onnx",
-             "garbage": garbage, "x": tmp_path / "x.npy"}
+             "garbage": garbage, "empty": tmp_path / "empty.onnx", "x": tmp_path / "x.npy"}
     assert main([a.format(**paths) for a in argv]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""

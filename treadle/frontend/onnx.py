@@ -95,22 +95,30 @@ def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto,
 
 def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
-        return model
+        return _with_graph(model, "the ModelProto given")
     if isinstance(model, (bytes, bytearray)):
+        where = f"the {len(model)} bytes given"
         try:
-            return onnx.load_model_from_string(bytes(model))
+            return _with_graph(onnx.load_model_from_string(bytes(model)), where)
         except DecodeError as err:
-            raise ModelError(f"the {len(model)} bytes given are not a serialized ONNX model "
-                             f"({err})") from None
+            raise ModelError(f"{where} are not a serialized ONNX model ({err})") from None
     if not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"expected an ONNX file path, its bytes or an onnx.ModelProto, got "
                         f"{type(model).__name__}")
     if os.path.isdir(model):
         raise ModelError(f"{os.fspath(model)}: a directory, not an ONNX file")
     try:
-        return onnx.load(os.fspath(model))
+        return _with_graph(onnx.load(os.fspath(model)), os.fspath(model))
     except (DecodeError, onnx.checker.ValidationError, UnicodeDecodeError) as err:
         raise ModelError(f"{os.fspath(model)}: not a readable ONNX model ({err})") from None
+
+
+def _with_graph(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    """``proto``, which must hold a graph: protobuf parses an empty file (an interrupted
+    download) as a model with no fields at all."""
+    if not proto.HasField("graph"):
+        raise ModelError(f"{where}: no ONNX model (it holds no graph; an empty file?)")
+    return proto
 
 
 # ---- checks before building ------------------------------------------------------------

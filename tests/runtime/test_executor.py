@@ -7,7 +7,7 @@ import pytest
 from tests.harness import assert_close, random_array
 from treadle.compiler import compile_graph
 from treadle.config import override
-from treadle.errors import ArgumentError, DTypeError, ShapeError
+from treadle.errors import ArgumentError, DTypeError, KernelError, ShapeError
 from treadle.graph.graph import Graph
 from treadle.graph.operator import apply
 from treadle.graph.tensor import Tensor, constant
@@ -230,3 +230,15 @@ def test_bfloat16_input_as_raw_bits_or_ml_dtypes():
         assert np.array_equal(model(given)[0].view(ml_dtypes.bfloat16), values * 2)
     with pytest.raises(DTypeError, match="'x'"):
         model(values.astype(np.float32))
+
+
+def test_a_failed_check_over_symbolic_sizes_gives_their_values():
+    """A kernel's check states its condition in the sizes' names; the error adds what they
+    are in this call, by both the step runner and the step-by-step loop (profile)."""
+    a, b = Tensor("a", "float32", ["A", 4]), Tensor("b", "float32", ["B", 4])
+    program = compile_graph(Graph.from_outputs([a, b], [apply("Add", [a, b], name="add")[0]]))
+    assert program(random_array((3, 4)), random_array((1, 4)))[0].shape == (3, 4)
+    for run in (program, program.profile):
+        with pytest.raises(KernelError, match=r"node 'add'.*\(B vs A\); in this call A = 3, "
+                                              r"B = 2$"):
+            run(np.ones((3, 4), np.float32), np.ones((2, 4), np.float32))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import platform
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -27,7 +28,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from treadle.config import config
-from treadle.errors import ArgumentError, DTypeError, ShapeError
+from treadle.errors import ArgumentError, DTypeError, KernelError, ShapeError
 from treadle.graph.tensor import Dim
 from treadle.ir.dtypes import DataType, int64
 from treadle.ir.expr import Expr, Var
@@ -147,6 +148,13 @@ class Executable:
              ) -> list[np.ndarray]:
         """``watch(step, seconds, {slot: array})``, if given, sees each kernel step run."""
         symbols = self._bind(arrays)
+        try:
+            return self._run_bound(arrays, symbols, watch)
+        except KernelError as err:
+            raise _with_sizes(err, symbols) from None
+
+    def _run_bound(self, arrays: list[np.ndarray], symbols: dict[Var, int],
+                   watch: Optional[Callable]) -> list[np.ndarray]:
         plan = self._plan(symbols)
         base = self._arena(plan.arena_bytes)
         values: dict[int, np.ndarray] = dict(zip(self.inputs, arrays))
@@ -418,6 +426,18 @@ class _RunnerTable:
                              plan.copy_bytes_address, ctypes.byref(failed))
         if status != 0:
             self.kernels[failed.value].check_status(status)
+
+
+def _with_sizes(err: KernelError, symbols: Mapping[Var, int]) -> KernelError:
+    """``err`` with this call's values of the sizes its message names: a check over
+    symbolic sizes states the condition in their names ("dimension 0 must match for
+    broadcasting (B vs A)")."""
+    message = str(err)
+    named = [f"{v.name} = {n}" for v, n in sorted(symbols.items(), key=lambda s: s[0].name)
+             if re.search(rf"(?<![\w.]){re.escape(v.name)}(?![\w.])", message)]
+    if not named:
+        return err
+    return type(err)(f"{message}; in this call {', '.join(named)}")
 
 
 def _data_offset() -> int | None:

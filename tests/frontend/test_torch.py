@@ -250,6 +250,23 @@ def test_integer_and_boolean_tensors(fresh_dynamo):
         np.testing.assert_allclose(r.numpy(), e.numpy(), rtol=1e-6, atol=1e-6)
 
 
+class Remainders(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.remainder(x, y), torch.fmod(x, y), torch.remainder(x, 7.0), torch.sign(x)
+
+
+def test_remainders_and_sign_follow_eager():
+    """Exact remainders however large the quotient, infinite divisors, and PyTorch's sign
+    of NaN (0, where ONNX Sign gives NaN)."""
+    x = torch.tensor([5.536e7, 8.858e8, 1.417e10, -1.417e10, 3.4e38, 5.0, -5.0, 0.0, 7.5,
+                      float("inf"), float("nan"), -2.5, 1e-40])
+    y = torch.tensor([7.0, -7.0, 7.0, 7.0, 100.0, float("inf"), float("inf"), float("-inf"),
+                      -2.0, 3.0, 3.0, float("nan"), 0.0])
+    got = treadle.compile(Remainders().eval(), (x, y))(x, y)
+    for actual, expected in zip(got, Remainders()(x, y)):
+        np.testing.assert_array_equal(np.asarray(actual), expected.numpy())
+
+
 def test_weights_are_constants_not_inputs(monkeypatch, fresh_dynamo):
     pieces = []
     original = dynamo._compile_piece

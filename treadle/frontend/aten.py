@@ -4,8 +4,10 @@ Each converter spells an ATen op with the registered (ONNX-semantics) operators,
 meaning is defined twice: arguments are translated (PyTorch's padding order, its scalar
 type promotion, its keyword defaults) and the operator definitions do the rest. Sizes come
 from the node's fake tensor where ATen gives them as values (``view``, ``expand``).
-``SUPPORTED`` lists every overload with a converter; the torch.compile backend runs other
-nodes in eager.
+``TABLE`` holds every overload with a converter; the torch.compile backend runs other
+nodes in eager. In-place overloads (``relu_``, ``add_``) have none: the graphs arrive
+functional, and converting one as its out-of-place twin would lose its write into the
+tensors it aliases.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from treadle.graph.ops.shape import dims_tensor
 from treadle.graph.tensor import Dim, Tensor, constant
 from treadle.ir import dtypes
 from treadle.ir.dtypes import DataType
+from treadle.ir.expr import as_expr, maximum, minimum
 
 Converter = Callable[..., object]
 TABLE: dict[object, Converter] = {}
@@ -236,7 +239,7 @@ def _div(call: Call, a, b, rounding_mode=None):
 UNARY = {"abs": "Abs", "neg": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqrt",
          "sin": "Sin", "cos": "Cos", "tan": "Tan", "tanh": "Tanh", "sigmoid": "Sigmoid",
          "relu": "Relu", "erf": "Erf", "floor": "Floor", "ceil": "Ceil", "round": "Round",
-         "reciprocal": "Reciprocal", "sign": "Sign", "asin": "Asin", "acos": "Acos",
+         "reciprocal": "Reciprocal", "asin": "Asin", "acos": "Acos",
          "atan": "Atan", "sinh": "Sinh", "cosh": "Cosh", "asinh": "Asinh", "acosh": "Acosh",
          "atanh": "Atanh", "hardswish": "HardSwish", "mish": "Mish", "isnan": "IsNaN",
          "logical_not": "Not"}
@@ -251,10 +254,19 @@ def _unary(op_type: str):
 
 
 for _name, _op_type in UNARY.items():
-    aten(f"{_name}.default", f"{_name}_.default")(_unary(_op_type))
+    aten(f"{_name}.default")(_unary(_op_type))
 
 
-@aten("bitwise_not.default", "bitwise_not_.default")
+@aten("sign.default")
+def _sign(call: Call, x):
+    # PyTorch's sign of NaN is 0 where ONNX Sign's is NaN.
+    y = call.op("Sign", x)
+    if not call.dtype.is_float:
+        return y
+    return call.op("Where", call.op("IsNaN", x), call.const(0, call.dtype), y)
+
+
+@aten("bitwise_not.default")
 def _bitwise_not(call: Call, x):
     return call.op("Not" if call.dtype == dtypes.boolean else "BitwiseNot", x)
 
@@ -264,22 +276,22 @@ def _rsqrt(call: Call, x):
     return call.op("Reciprocal", call.op("Sqrt", call.tensor(x, call.dtype)))
 
 
-@aten("silu.default", "silu_.default")
+@aten("silu.default")
 def _silu(call: Call, x):
     return call.op("Mul", x, call.op("Sigmoid", x))
 
 
-@aten("gelu.default", "gelu_.default")
+@aten("gelu.default")
 def _gelu(call: Call, x, approximate="none"):
     return call.op("Gelu", x, approximate=approximate)
 
 
-@aten("leaky_relu.default", "leaky_relu_.default")
+@aten("leaky_relu.default")
 def _leaky_relu(call: Call, x, negative_slope=0.01):
     return call.op("LeakyRelu", x, alpha=float(negative_slope))
 
 
-@aten("elu.default", "elu_.default")
+@aten("elu.default")
 def _elu(call: Call, x, alpha=1.0, scale=1.0, input_scale=1.0):
     """scale * (x if x > 0 else alpha * (exp(input_scale * x) - 1)): selu's scales."""
     if input_scale == 1.0:
@@ -291,7 +303,7 @@ def _elu(call: Call, x, alpha=1.0, scale=1.0, input_scale=1.0):
     return y if scale == 1.0 else call.op("Mul", y, call.const(scale, x.dtype))
 
 
-@aten("hardsigmoid.default", "hardsigmoid_.default")
+@aten("hardsigmoid.default")
 def _hardsigmoid(call: Call, x):
     return call.op("HardSigmoid", x, alpha=1 / 6, beta=0.5)
 
@@ -307,13 +319,13 @@ def _softplus(call: Call, x, beta=1.0, threshold=20.0):
                    x, y)
 
 
-@aten("clamp.default", "clamp_.default", "clamp.Tensor", "hardtanh.default",
-      "hardtanh_.default", "clamp_min.default", "clamp_max.default", "relu6.default")
+@aten("clamp.default", "clamp.Tensor", "hardtanh.default", "clamp_min.default",
+      "clamp_max.default", "relu6.default")
 def _clamp(call: Call, x, low=None, high=None):
     target = call.node.target
     if target is torch.ops.aten.clamp_max.default:
         low, high = None, low
-    elif target in (torch.ops.aten.hardtanh.default, torch.ops.aten.hardtanh_.default):
+    elif target is torch.ops.aten.hardtanh.default:
         low, high = (-1.0 if low is None else low), (1.0 if high is None else high)
     elif target._opname == "relu6":
         low, high = 0.0, 6.0
@@ -357,7 +369,7 @@ def _where(call: Call, cond, a, b):
     return call.op("Where", call.tensor(cond, dtypes.boolean), *_promoted(call, a, b))
 
 
-@aten("masked_fill.Scalar", "masked_fill.Tensor", "masked_fill_.Scalar")
+@aten("masked_fill.Scalar", "masked_fill.Tensor")
 def _masked_fill(call: Call, x, mask, value):
     return call.op("Where", mask, call.tensor(value, call.dtype), x)
 
@@ -498,6 +510,72 @@ def _select(call: Call, x, dim, index):
     return call.op("Gather", x, call.const(index, dtypes.int64), axis=dim)
 
 
+@aten("slice_scatter.default")
+def _slice_scatter(call: Call, x, src, dim=0, start=None, end=None, step=1):
+    """``x`` with ``src`` written over ``x[start:end:step]`` along ``dim``: how a
+    functional program spells a write through a slice (``y[:, :2].clamp_()``)."""
+    dim %= x.rank
+    return _written(call, x, call.tensor(src, call.dtype), dim,
+                    _first_index(x.shape[dim], start), step)
+
+
+@aten("select_scatter.default")
+def _select_scatter(call: Call, x, src, dim, index):
+    """``x`` with ``src`` written over ``x.select(dim, index)``: a slice of one."""
+    dim %= x.rank
+    src = call.op("Unsqueeze", call.tensor(src, call.dtype), call.ints([dim]))
+    return _written(call, x, src, dim, _first_index(x.shape[dim], index), 1)
+
+
+def _first_index(size: Dim, start) -> Dim:
+    """Where PyTorch's slice from ``start`` begins: counted from the end where negative,
+    clamped to the dimension."""
+    start = 0 if start is None else start
+    if isinstance(start, int) and start < 0:
+        start = size + start
+    if isinstance(start, int) and isinstance(size, int):
+        return min(max(start, 0), size)
+    return minimum(maximum(as_expr(start), 0), as_expr(size))
+
+
+def _written(call: Call, x: Tensor, src: Tensor, dim: int, start: Dim, step: int) -> Tensor:
+    """``x`` with the positions ``start + k * step`` along ``dim`` replaced by ``src``, whose
+    length there is the count of ``k``. Contiguous positions are a concatenation of what
+    surrounds them with ``src``; strided ones pick from ``src`` or ``x`` by a mask."""
+    size, count = x.shape[dim], src.shape[dim]
+    if count == 0:
+        return call.op("Identity", x)
+    if count == size:  # every position (``y[:]`` around a write into ``y[:, 1:]``)
+        return call.op("Identity", src)
+    if step == 1 or count == 1:
+        before = call.op("Slice", x, call.ints([0]), call.dims([start]), call.ints([dim]))
+        after = call.op("Slice", x, call.dims([start + count]), call.ints([INT64_MAX]),
+                        call.ints([dim]))
+        return call.op("Concat", before, src, after, axis=dim)
+    if not all(isinstance(v, int) for v in (size, start, count)):
+        raise UnsupportedOpError(f"{call.where}: a strided write along a dimension of "
+                                 f"symbolic size {size}")
+    offset = np.arange(size) - start
+    hit = (offset >= 0) & (offset < count * step) & (offset % step == 0)
+    picked = call.op("Gather", src, call.ints(np.clip(offset // step, 0, count - 1)),
+                     axis=dim)
+    along = [1] * dim + [size] + [1] * (x.rank - dim - 1)
+    return call.op("Where", call.const(hit.reshape(along), dtypes.boolean), picked, x)
+
+
+@aten("index_fill.int_Scalar", "index_fill.int_Tensor")
+def _index_fill(call: Call, x, dim, index, value):
+    """``value`` written at ``index`` (a vector) along ``dim``: a scatter of updates shaped
+    as ``x`` with ``dim`` as long as ``index``."""
+    dim %= max(x.rank, 1)
+    shape = list(x.shape)
+    shape[dim] = index.shape[0] if index.rank else 1
+    along = [1] * dim + [-1] + [1] * (x.rank - dim - 1)
+    where = call.op("Expand", call.reshape(index, along), call.dims(shape))
+    fill = call.op("Expand", call.tensor(value, call.dtype), call.dims(shape))
+    return call.op("ScatterElements", x, where, fill, axis=dim)
+
+
 @aten("index_select.default")
 def _index_select(call: Call, x, dim, index):
     # A scalar index selects as a one-element list: the dimension stays.
@@ -626,6 +704,17 @@ def _full(call: Call, *args, **kwargs):
     if isinstance(value, Tensor):
         raise UnsupportedOpError(f"{call.where}: a fill value computed at run time")
     return _filled(call, value)
+
+
+@aten("fill.Scalar", "zero.default")
+def _fill(call: Call, x, value=0):
+    return _filled(call, value)
+
+
+@aten("fill.Tensor")
+def _fill_tensor(call: Call, x, value):
+    """Every element set to a scalar tensor's value, known or computed."""
+    return call.op("Expand", call.tensor(value, call.dtype), call.dims(call.shape))
 
 
 @aten("scalar_tensor.default")

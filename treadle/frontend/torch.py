@@ -7,12 +7,20 @@ export keeps composite ops (``aten.linear``, ``aten.conv2d``, ``aten.layer_norm`
 AOTAutograd decomposes them (``aten.addmm``, ``aten.convolution``,
 ``aten.native_layer_norm``); the table in ``treadle.frontend.aten`` covers both.
 
+An exported program is made functional before it is imported: ``torch.export`` keeps
+in-place ops (``y[:, :2].clamp_()``, ``out += x``), whose writes into the tensors they
+alias are left implied, where a converter computes each value once, from its arguments.
+Writes into the caller's inputs are left out (the returned outputs are computed from the
+written values, with a warning); writes into buffers, which the compiled model freezes,
+are refused.
+
 Sizes are read from each node's fake tensor (``meta["val"]``), so symbolic sizes
 (``SymInt``) arrive as sympy expressions over the shape environment's symbols, which become
 treadle symbols of the same names (or the names a caller gives them).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -126,6 +134,7 @@ class Importer:
     constants: Mapping[str, torch.Tensor]  # placeholder name -> contents
     input_names: Mapping[str, str] = field(default_factory=dict)  # placeholder -> graph input
     symbols: Mapping[str, str] = field(default_factory=dict)  # shape-env symbol -> name
+    outputs: Optional[Sequence[int]] = None  # the FX outputs the graph returns (None: all)
     values: dict = field(default_factory=dict)
     inputs: list[Tensor] = field(default_factory=list)
 
@@ -169,6 +178,8 @@ class Importer:
     def _graph(self, node: torch.fx.Node, name: str) -> Graph:
         results = torch.fx.node.map_arg(node.args[0], lambda n: self.values[n])
         results = list(results) if isinstance(results, (list, tuple)) else [results]
+        if self.outputs is not None:
+            results = [results[k] for k in self.outputs]
         for k, r in enumerate(results):
             if not isinstance(r, Tensor):
                 raise UnsupportedOpError(f"output {k} is a {type(r).__name__}, not a tensor")
@@ -190,11 +201,13 @@ class Importer:
 
 def from_aten(gm: torch.fx.GraphModule, constants: Mapping[str, torch.Tensor], *,
               name: str = "module", input_names: Optional[Mapping[str, str]] = None,
-              symbols: Optional[Mapping[str, str]] = None) -> Graph:
+              symbols: Optional[Mapping[str, str]] = None,
+              outputs: Optional[Sequence[int]] = None) -> Graph:
     """The graph of an FX graph module of ATen operators whose placeholders named in
     ``constants`` hold those tensors; the other tensor placeholders become graph inputs
-    (renamed by ``input_names``), size placeholders their symbolic sizes."""
-    importer = Importer(gm, constants, dict(input_names or {}), dict(symbols or {}))
+    (renamed by ``input_names``), size placeholders their symbolic sizes. ``outputs``
+    picks the FX outputs, by position, that the graph returns."""
+    importer = Importer(gm, constants, dict(input_names or {}), dict(symbols or {}), outputs)
     return importer.run(name)
 
 
@@ -203,6 +216,7 @@ def from_exported(program: "torch.export.ExportedProgram", name: str = "module",
     """The graph of a ``torch.export`` program: parameters, buffers and constants become
     constant tensors, user inputs graph inputs named as the module's arguments."""
     from torch.export.graph_signature import InputKind
+    program = _functional(program)
     constants, names = {}, {}
     state = {**program.state_dict, **program.constants}
     for spec in program.graph_signature.input_specs:
@@ -214,7 +228,49 @@ def from_exported(program: "torch.export.ExportedProgram", name: str = "module",
         else:
             raise UnsupportedOpError(f"exported input {placeholder!r} of kind {spec.kind.name}")
     return from_aten(program.graph_module, constants, name=name, input_names=names,
-                     symbols=symbols)
+                     symbols=symbols, outputs=_returned(program))
+
+
+def _functional(program: "torch.export.ExportedProgram") -> "torch.export.ExportedProgram":
+    """``program`` without in-place ops: a write through a view becomes a scatter of the
+    written values into a new copy of its base (``slice_scatter``), which later reads of
+    the base and of its views take. The empty table decomposes nothing, so composite ops
+    (``linear``, ``layer_norm``, attention) reach their converters whole. A program that
+    writes nothing is functional already and skips the retrace (a second for GPT-2)."""
+    if not any(_writes(node) for node in program.graph.nodes):
+        return program
+    return program.run_decompositions({})
+
+
+def _writes(node: torch.fx.Node) -> bool:
+    """Whether a node's operator writes into one of its arguments (``relu_``, ``copy_``)."""
+    schema = getattr(node.target, "_schema", None)
+    return node.op == "call_function" and schema is not None and schema.is_mutable
+
+
+def _returned(program: "torch.export.ExportedProgram") -> list[int]:
+    """The positions of a functional program's outputs that the module returns. The others
+    write into its inputs, left out with a warning, or into its buffers or parameters,
+    refused: the compiled model holds them as constants, so later calls would not see the
+    write."""
+    from torch.export.graph_signature import OutputKind
+    returned, written = [], []
+    for k, spec in enumerate(program.graph_signature.output_specs):
+        if spec.kind == OutputKind.USER_OUTPUT:
+            returned.append(k)
+        elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+            written.append(f"{spec.target!r} (node {spec.arg.name!r})")
+        elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION):
+            raise UnsupportedOpError(f"node {spec.arg.name!r} writes {spec.target!r} in place: "
+                                     "treadle holds buffers and parameters as constants")
+        else:
+            raise UnsupportedOpError(f"exported output {spec.arg.name!r} of kind "
+                                     f"{spec.kind.name}")
+    if written:
+        warnings.warn(f"the module writes into its inputs {', '.join(written)} in place; "
+                      "the compiled model returns the outputs computed from the written "
+                      "values but leaves its arguments unchanged", stacklevel=5)
+    return returned
 
 
 def from_module(module: torch.nn.Module, example_inputs: Sequence, *,

@@ -10,8 +10,8 @@ dot products along K: a register tile of ``rows`` consecutive rows by every colu
 one vector of partial sums each; at each position of K's outer axes the vectors of the
 innermost one (an image's channels, contiguous and aligned with the rows) are loaded once
 for all the columns, the weights (laid out at compile time as N rows of K) once for all
-the rows, and the lanes are summed at the end. The last tile repeats the last row where
-the rows run out (its results are the same values, stored again).
+the rows, and the lanes are summed at the end. Where the rows run out, the last tile reads
+the last one again and stores only its own.
 
 Sums run in another order than the compute's, as in any vectorised GEMM.
 """
@@ -109,7 +109,7 @@ def schedule_dot(dot: DotPattern, name: str, target: CpuTarget) -> Kernel:
             fb.assert_(cond, message)
         m = product(extents["m"])
         for tile in fb.range(ceil_div(m, rows), kind="parallel", name="tile"):
-            # Rows past the last repeat it: the tail tile stores its values again.
+            # Rows past the last read it again, so the tail tile needs no loop of its own.
             at = [_row_coords(fb, pattern, extents, tile * rows + r, m) for r in range(rows)]
             regs = fb.buffer("regs", vector(float32, lanes), [rows, columns])
             for r in range(rows):
@@ -117,8 +117,10 @@ def schedule_dot(dot: DotPattern, name: str, target: CpuTarget) -> Kernel:
                     regs[r, n] = broadcast(0.0, lanes)
             _multiply_add(fb, dot, extents, weights.buffer, at, regs, lanes)
             for r in range(rows):
-                for n in range(columns):
-                    _store(fb, pattern, extents, at[r], n, call("reduce_add", regs[r, n]))
+                # Each result is stored once: an epilogue may read what the store replaces.
+                with fb.if_(tile * rows + r < m):
+                    for n in range(columns):
+                        _store(fb, pattern, extents, at[r], n, call("reduce_add", regs[r, n]))
     return canonical_kernel(fb.function, pattern.inputs, 1, (weights,))
 
 

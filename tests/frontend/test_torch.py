@@ -267,6 +267,21 @@ def test_remainders_and_sign_follow_eager():
         np.testing.assert_array_equal(np.asarray(actual), expected.numpy())
 
 
+class Clamps(torch.nn.Module):
+    def forward(self, x):
+        return (torch.clamp(x, min=0.0), torch.clamp(x, max=1.0), torch.clamp(x, -1.0, 1.0),
+                torch.nn.functional.relu6(x))
+
+
+def test_clamps_with_one_bound_keep_infinities():
+    """PyTorch's clamp without a bound leaves that side alone, where ONNX's Clip clips an
+    infinity to the largest float; NaN stays NaN."""
+    x = torch.tensor([float("nan"), float("inf"), float("-inf"), 2.0, -3.0, 0.5, 7.0])
+    got = treadle.compile(Clamps().eval(), (x,))(x)
+    for actual, expected in zip(got, Clamps()(x)):
+        np.testing.assert_array_equal(np.asarray(actual), expected.numpy())
+
+
 def test_weights_are_constants_not_inputs(monkeypatch, fresh_dynamo):
     pieces = []
     original = dynamo._compile_piece

@@ -331,9 +331,10 @@ def _clamp(call: Call, x, low=None, high=None):
         low, high = 0.0, 6.0
     x = call.tensor(x, call.dtype)
     low, high = [None if v is None else call.tensor(v, call.dtype) for v in (low, high)]
-    if all(b is None or b.rank == 0 for b in (low, high)):
+    if all(b is not None and b.rank == 0 for b in (low, high)):
         return call.op("Clip", x, low, high)
-    # Bounds per element: raise to the lower first, so an upper one below it wins.
+    # Bounds per element, or one missing (ONNX's Clip would clip an infinity to the type's
+    # largest value there): raise to the lower first, so an upper one below it wins.
     y = x if low is None else call.op("Max", x, low)
     return y if high is None else call.op("Min", y, high)
 

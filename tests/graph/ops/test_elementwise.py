@@ -251,6 +251,23 @@ def test_max_min_relu_and_clip_propagate_nan():
         np.testing.assert_array_equal(actual, ref, err_msg=f"output {k}")
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("bounds", [(None, None), (None, 1.0), (-1.0, None), (-1.0, 1.0)])
+def test_a_missing_clip_bound_is_the_largest_finite_value(dtype, bounds):
+    """ONNX's Clip bounds default to the type's lowest and largest values, so an infinity
+    clips to them, as ONNX Runtime does (numpy's clip without a bound would keep it); NaN
+    stays NaN. 61 elements: vector loop and scalar tail."""
+    x = Tensor("x", dtype, ["n"])
+    operands = [x] + [None if b is None else constant(np.array(b, dtype)) for b in bounds]
+    y = apply("Clip", operands)[0]
+    xs = np.resize(np.array([np.nan, np.inf, -np.inf, 2.0, -3.0, 0.5, -0.0], dtype), 61)
+    largest = np.finfo(dtype).max
+    low, high = (-largest if bounds[0] is None else bounds[0],
+                 largest if bounds[1] is None else bounds[1])
+    (actual,) = run_graph([(x, xs)], [y])
+    np.testing.assert_array_equal(actual, np.clip(xs, low, high).astype(dtype))
+
+
 @pytest.mark.parametrize("op", ["Not", "BitwiseNot"])
 def test_complementing_floats_is_a_dtype_error(op):
     from treadle import ops

@@ -320,12 +320,25 @@ def clip(ctx: OpContext):
 
     def element(*i):
         value = x[i]
+        # A missing bound is the type's most extreme finite value (ONNX's default, as in
+        # ONNX Runtime): a float infinity clips to it; NaN passes through either way.
         if low is not None:
             value = maximum(value, low[(0,) * low.rank])
+        elif x.dtype.is_float:
+            value = maximum(value, _c(-_largest(x.dtype), value))
         if high is not None:
             value = minimum(value, high[(0,) * high.rank])
+        elif x.dtype.is_float:
+            value = minimum(value, _c(_largest(x.dtype), value))
         return value
     return [compute("y", x.shape, element)]
+
+
+def _largest(dtype: dtypes.DataType) -> float:
+    """The largest finite value of a float type (numpy has no bfloat16)."""
+    if dtype == dtypes.bfloat16:
+        return float.fromhex("0x1.fep127")
+    return float(np.finfo(dtype.numpy).max)
 
 # ---- linear quantization ------------------------------------------------------------------
 # The integer types a QuantizeLinear may produce, with the range it saturates to.

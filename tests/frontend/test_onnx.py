@@ -296,6 +296,31 @@ def test_bfloat16_initializers_keep_their_bits():
     assert weight.data.tolist() == expected_bits.tolist()
 
 
+@pytest.mark.parametrize("op", ["MatMul", "Conv"])
+def test_bfloat16_constant_weights_are_laid_out_as_values(op):
+    """A constant bfloat16 weight, laid out at compile time for the GEMM template (its bits
+    once read as integers: results around 6e5 for 5), against float32 arithmetic on the
+    same bfloat16 values, the inputs' 13 and 27 odd sizes included."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(3)
+    shapes = {"MatMul": ([13, 27], [27, 9]), "Conv": ([1, 3, 13, 11], [9, 3, 3, 3])}[op]
+    x = (rng.standard_normal(shapes[0]) * 0.5).astype(ml_dtypes.bfloat16)
+    w = (rng.standard_normal(shapes[1]) * 0.5).astype(ml_dtypes.bfloat16)
+    node = helper.make_node(op, ["x", "w"], ["y"])
+    model = make_model([node], [tensor("x", shapes[0], TensorProto.BFLOAT16)],
+                       [tensor("y", None, TensorProto.BFLOAT16)],
+                       initializers={"w": w})
+    (y,) = treadle.compile(model)(x.view(np.uint16))
+    xs, ws = (a.astype(np.float32) for a in (x, w))
+    if op == "MatMul":
+        expected = xs @ ws
+    else:
+        import torch
+        expected = torch.nn.functional.conv2d(torch.from_numpy(xs), torch.from_numpy(ws)).numpy()
+    actual = np.asarray(y, np.uint16).view(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_allclose(actual, expected, rtol=2 ** -7, atol=2 ** -7 * 4)
+
+
 def test_model_names_that_are_not_identifiers_still_compile():
     odd = 'a b;system("x")'
     nodes = [helper.make_node("Neg", [odd], ["out/1"], name="node:0 */")]

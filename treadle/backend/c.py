@@ -120,14 +120,6 @@ def c_string(text: str) -> str:
 
 # ---- literals ---------------------------------------------------------------------------
 
-def _bfloat16_bits(value: float) -> int:
-    """float32 -> bfloat16 bits, rounding like the prelude's treadle_f32_to_bf16."""
-    bits = int(np.array(value, np.float32).view(np.uint32))
-    if bits & 0x7FFFFFFF > 0x7F800000:
-        return (bits >> 16) | 0x40
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
-
-
 def _float_literal(value: float, dtype: DataType) -> str:
     cast = "" if dtype == dtypes.float32 else f"({c_scalar_type(dtype)})"
     if math.isnan(value) or math.isinf(value):
@@ -144,7 +136,7 @@ def _literal(value, dtype: DataType) -> str:
     if dtype.is_bool:
         return "true" if value else "false"
     if dtype == dtypes.bfloat16:
-        return hex(_bfloat16_bits(value))
+        return hex(int(dtypes.bfloat16_bits(value)))
     if dtype.is_float:
         return _float_literal(value, dtype)
     if dtype.kind == "uint":

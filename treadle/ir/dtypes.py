@@ -75,6 +75,22 @@ uint32 = DataType("uint32", "uint", 32)
 uint64 = DataType("uint64", "uint", 64)
 boolean = DataType("bool", "bool", 8)
 
+
+
+def bfloat16_bits(values) -> np.ndarray:
+    """float32 values as the bits of bfloat16 ones, rounded to nearest even, a NaN kept
+    quiet (as the C prelude's treadle_f32_to_bf16 rounds)."""
+    bits = np.asarray(values, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
+
+
+def bfloat16_values(bits) -> np.ndarray:
+    """The float32 values of bfloat16 bits (exact: bfloat16 is float32's top half)."""
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
 BY_NAME = {t.name: t for t in (float32, float16, bfloat16, float64, int8, int16, int32, int64,
                                uint8, uint16, uint32, uint64, boolean)}
 

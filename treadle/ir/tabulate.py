@@ -11,7 +11,9 @@ from typing import Mapping
 
 import numpy as np
 
+from treadle.ir import dtypes
 from treadle.ir.compute import Compute
+from treadle.ir.dtypes import DataType
 from treadle.ir.expr import Binary, Buffer, Cast, Const, Expr, Load, Var
 from treadle.ir.functor import walk
 
@@ -46,11 +48,21 @@ def _evaluate(e: Expr, env: dict, arrays: Mapping[Buffer, np.ndarray]):
     if isinstance(e, Binary) and e.op in _BINARY:
         return _BINARY[e.op](_evaluate(e.a, env, arrays), _evaluate(e.b, env, arrays))
     if isinstance(e, Cast):
-        return _evaluate(e.value, env, arrays).astype(e.dtype.numpy)
+        return _cast(_evaluate(e.value, env, arrays), e.value.dtype, e.dtype)
     if isinstance(e, Load) and e.lanes == 1:
         indices = np.broadcast_arrays(*(_evaluate(i, env, arrays) for i in e.indices))
         return arrays[e.buffer][tuple(indices)]
     raise TypeError(f"cannot tabulate {type(e).__name__} {e}")
+
+
+def _cast(value: np.ndarray, source: DataType, target: DataType) -> np.ndarray:
+    """``value`` as ``target``; bfloat16 is held as its bits, which numpy would convert as
+    the integers they spell (a weight of 0.5 became 16128)."""
+    if source.scalar == dtypes.bfloat16:
+        value = dtypes.bfloat16_values(value)
+    if target.scalar == dtypes.bfloat16:
+        return dtypes.bfloat16_bits(value)
+    return value.astype(target.numpy)
 
 
 def _c_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -6,12 +6,14 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper
 
 import treadle
 from tests.frontend.onnx_models import make_model, tensor
 from tests.models.test_multi_branch import multi_branch_stage
+from treadle.checker import ATOL, RTOL
 from treadle.cli import main
+from treadle.errors import ModelError
 from treadle.graph.operator import REGISTRY, lookup
 
 
@@ -54,6 +56,43 @@ def test_a_planted_fault_is_found_at_its_node(sigmoid_computes_tanh):
     assert found.kernel.startswith("MatMul[matmul]") and "squash" in found.kernel
     text = str(report)
     assert "DIFFERS" in text and "first differing node: 'squash' (Sigmoid)" in text
+
+
+def half_model():
+    """x -> MatMul -> Softmax -> MatMul in float16, 13 x 29 x 17: each product's sum rounds
+    differently from ONNX Runtime's, by an ulp or two."""
+    rng = np.random.default_rng(5)
+    w0, w1 = (rng.standard_normal(s).astype(np.float16) for s in ((29, 17), (17, 11)))
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["m"], name="first"),
+             helper.make_node("Softmax", ["m"], ["s"], name="softmax"),
+             helper.make_node("MatMul", ["s", "w1"], ["y"], name="second")]
+    return make_model(nodes, [tensor("x", [13, 29], TensorProto.FLOAT16)],
+                      [tensor("y", [13, 11], TensorProto.FLOAT16)], {"w0": w0, "w1": w1})
+
+
+def test_half_precision_is_held_to_its_own_tolerance():
+    """float16 outputs that differ from ONNX Runtime's by float16's rounding agree by
+    default, and differ against float32's tolerance given explicitly."""
+    report = treadle.check(half_model())
+    assert report.agrees, str(report)
+    assert report.outputs[0].max_rel > RTOL  # the default tolerance mattered
+    assert not treadle.check(half_model(), rtol=RTOL, atol=ATOL).agrees
+
+
+def test_a_model_onnxruntime_cannot_run_is_a_model_error(tmp_path, capsys):
+    """bfloat16 Conv, which treadle runs and ONNX Runtime's CPU provider refuses: a one-line
+    error naming the reference, exit status 2 (1 means an output differs)."""
+    w = np.ones((2, 3, 1, 1), np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"])
+    model = make_model([node], [tensor("x", [1, 3, 4, 4], TensorProto.BFLOAT16)],
+                       [tensor("y", None, TensorProto.BFLOAT16)],
+                       {"w": w.astype(pytest.importorskip("ml_dtypes").bfloat16)})
+    with pytest.raises(ModelError, match="ONNX Runtime, the reference, cannot run the model"):
+        treadle.check(model)
+    path = tmp_path / "bf16.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert main(["check", str(path)]) == 2
+    assert capsys.readouterr().err.startswith("treadle: error: ONNX Runtime")
 
 
 def test_nan_in_different_places_is_a_difference():

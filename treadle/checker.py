@@ -19,6 +19,7 @@ import numpy as np
 
 from treadle.compiler import compile_graph
 from treadle.dump import dump_folder
+from treadle.errors import ModelError
 from treadle.graph.graph import Graph
 from treadle.graph.optimize import optimize
 from treadle.graph.kernel_plan import KernelPlan, greedy
@@ -27,7 +28,11 @@ from treadle.graph.tensor import Dim
 from treadle.ir.functor import evaluate, free_vars
 from treadle.specialise import bind_needed
 
-RTOL, ATOL = 1e-4, 1e-5
+# The (rtol, atol) a tensor of each float type is held to by default: half precision
+# rounds after every operation, so two correct implementations differ by a few of its
+# units in the last place (float16's is 1e-3 near 1, bfloat16's 8e-3).
+TOLERANCES = {"float16": (1e-2, 1e-3), "bfloat16": (5e-2, 1e-2)}
+RTOL, ATOL = 1e-4, 1e-5  # every other type's
 INT_HIGH = 2  # random integers are 0 or 1: a valid token type, mask value or index
 
 
@@ -94,13 +99,14 @@ class CheckReport:
 
 
 def check(model, inputs: Mapping[str, np.ndarray] | None = None, *,
-          dims: Mapping[str, int] | None = None, rtol: float = RTOL, atol: float = ATOL,
-          tune: int = 0, seed: int = 0) -> CheckReport:
+          dims: Mapping[str, int] | None = None, rtol: float | None = None,
+          atol: float | None = None, tune: int = 0, seed: int = 0) -> CheckReport:
     """Compiles ``model`` (an ONNX file path, bytes or ``onnx.ModelProto``) and compares it
     with ONNX Runtime on ``inputs``; inputs not given are random (floats from a standard
     normal, integers from [0, 4)), with symbolic dimensions sized by ``dims`` (default 1).
     A tensor agrees when its largest absolute difference is at most ``atol`` or at most
-    ``rtol`` times the reference's largest magnitude, with NaNs in the same places."""
+    ``rtol`` times the reference's largest magnitude, with NaNs in the same places; either
+    one not given is its type's (``TOLERANCES``)."""
     from treadle.frontend.onnx import from_onnx, load_model
     given = dict(inputs or {})
     (proto, graph), bound = bind_needed(load_model(model), [], given,
@@ -155,15 +161,23 @@ def _onnxruntime(proto, feeds: dict, names: Sequence[str]) -> list[np.ndarray]:
     model.CopyFrom(proto)
     declared = {o.name for o in model.graph.output}
     model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in declared)
-    session = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
-    known = {i.name for i in session.get_inputs()}
-    return session.run(list(names), {k: v for k, v in feeds.items() if k in known})
+    try:
+        session = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+        known = {i.name for i in session.get_inputs()}
+        return session.run(list(names), {k: v for k, v in feeds.items() if k in known})
+    except Exception as err:  # onnxruntime's own kinds (InvalidGraph, NotImplemented, ...)
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelError(f"ONNX Runtime, the reference, cannot run the model: {reason}") \
+            from None
 
 
-def _difference(name: str, actual: np.ndarray, expected: np.ndarray, rtol: float,
-                atol: float) -> Difference:
+def _difference(name: str, actual: np.ndarray, expected: np.ndarray, rtol: float | None,
+                atol: float | None) -> Difference:
     actual, expected = np.asarray(actual), np.asarray(expected)
+    default_rtol, default_atol = TOLERANCES.get(expected.dtype.name, (RTOL, ATOL))
+    rtol = default_rtol if rtol is None else rtol
+    atol = default_atol if atol is None else atol
     if actual.shape != expected.shape:
         return Difference(name, expected.shape, float("inf"), float("inf"), 0, False)
     a, e = actual.astype(np.float64), expected.astype(np.float64)

@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from treadle.checker import ATOL, RTOL, random_input
+from treadle.checker import ATOL, RTOL, TOLERANCES, random_input
 from treadle.errors import TreadleError
 from treadle.specialise import SpecialisingModel
 from treadle.target.cpu import host
@@ -80,11 +80,15 @@ def _parser() -> argparse.ArgumentParser:
                        help="an input's value (default: random)")
     check.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
                        help="the size of a symbolic dimension of random inputs (default 1)")
-    check.add_argument("--rtol", type=float, default=RTOL,
+    check.add_argument("--rtol", type=float, default=None,
                        help=f"error allowed relative to the largest reference value "
-                            f"(default {RTOL:g})")
-    check.add_argument("--atol", type=float, default=ATOL,
-                       help=f"absolute error allowed (default {ATOL:g})")
+                            f"(default by type: {RTOL:g}, float16 "
+                            f"{TOLERANCES['float16'][0]:g}, bfloat16 "
+                            f"{TOLERANCES['bfloat16'][0]:g})")
+    check.add_argument("--atol", type=float, default=None,
+                       help=f"absolute error allowed (default by type: {ATOL:g}, float16 "
+                            f"{TOLERANCES['float16'][1]:g}, bfloat16 "
+                            f"{TOLERANCES['bfloat16'][1]:g})")
     check.set_defaults(command=check_command)
     show = commands.add_parser("show", help="summarise a model without compiling it")
     show.add_argument("model", help="an ONNX file")

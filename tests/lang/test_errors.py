@@ -209,3 +209,21 @@ def test_call_with_a_wrong_argument_count_lists_the_parameters():
 def test_call_with_a_list_names_the_parameter():
     with pytest.raises(ArgumentError, match="'x'.*numpy array or a torch tensor"):
         scale([1.0, 2.0], np.ones(2, np.float32), 2.0)
+
+
+def test_a_numpy_function_on_kernel_values_names_treadles():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def exponent(x: f32[N]):
+            for i in range(N):
+                x[i] = np.exp(x[i])  # <- numpy
+    check(info, "numpy", r"numpy's exp computes on arrays .* \(treadle\.lang\.exp\)")
+
+
+def test_indexing_a_scalar_parameter():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def scaled(x: f32[N], alpha: f32):
+            for i in range(N):
+                x[i] = alpha[0]  # <- scalar
+    check(info, "scalar", "alpha is a scalar, not a tensor")

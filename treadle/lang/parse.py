@@ -38,6 +38,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
+import numpy as np
+
+from treadle import lang
 from treadle.errors import LangError, TreadleError
 from treadle.ir import dtypes
 from treadle.ir.builder import FunctionBuilder
@@ -477,6 +480,9 @@ class Parser:
         value = self.expr(node.value)
         if isinstance(value, Buffer):
             return value[self.indices(value, node)]
+        if isinstance(value, Expr):
+            raise self.error(node, f"{ast.unparse(node.value)} is a scalar, not a tensor: it "
+                                   "has no elements to index")
         index = self.expr(node.slice)
         if isinstance(value, (tuple, list)) and isinstance(index, Expr):
             raise self.error(node, f"a {type(value).__name__} known when compiling cannot be "
@@ -503,6 +509,11 @@ class Parser:
             func = BUILTIN_CALLS.get(func, func)
         except TypeError:  # unhashable: not one of them
             pass
+        if isinstance(func, np.ufunc) and any(isinstance(a, Expr) for a in args):
+            own = f" (treadle.lang.{func.__name__})" if hasattr(lang, func.__name__) else ""
+            raise self.error(node, f"numpy's {func.__name__} computes on arrays when the "
+                                   f"kernel is compiled, not on its values; call treadle.lang's "
+                                   f"function{own}")
         return func(*args, **kwargs)
 
     def _binary(self, node: ast.BinOp) -> Any:

@@ -227,3 +227,33 @@ def test_indexing_a_scalar_parameter():
             for i in range(N):
                 x[i] = alpha[0]  # <- scalar
     check(info, "scalar", "alpha is a scalar, not a tensor")
+
+
+def test_a_store_the_loops_take_past_a_static_extent():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def overrun(x: f32[3, 4]):
+            for i in range(4):
+                x[i, 0] = 1.0  # <- overrun
+    check(info, "overrun", r"index 0 of x runs over 0\.\.3, outside its extent 3")
+
+
+def test_a_guarded_or_symbolic_store_is_left_to_the_kernel():
+    """The same store under an if that keeps it inside, or over a symbolic size, compiles
+    and writes only inside."""
+    @lang.kernel
+    def guarded(x: f32[3, 4]):
+        for i in range(4):
+            if i < 3:
+                x[i, 0] = 2.0
+
+    @lang.kernel
+    def symbolic(y: f32[N]):
+        for i in range(N):
+            y[i] = 3.0
+    x, y = np.zeros((3, 4), np.float32), np.zeros(5, np.float32)
+    guarded(x)
+    symbolic(y)
+    np.testing.assert_array_equal(x[:, 0], 2.0)
+    np.testing.assert_array_equal(x[:, 1:], 0.0)
+    np.testing.assert_array_equal(y, 3.0)

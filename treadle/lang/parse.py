@@ -46,6 +46,7 @@ from treadle.ir import dtypes
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.expr import (Binary, Buffer, Const, Expr, Load, Unary, Var, as_expr, call, eq,
                              ne, select)
+from treadle.ir.interval import Interval, bound
 from treadle.ir.mapping import TaskMapping
 from treadle.ir.stmt import Function
 from treadle.lang.intrinsics import BUILTIN_CALLS, BufferDecl, LoopRange, StaticRange, cast
@@ -167,6 +168,10 @@ class Parser:
         self.symbols = symbols
         # The statement being parsed in each enclosing block, and that block's statements.
         self.current: list[tuple[Sequence[ast.stmt], int]] = []
+        # What the enclosing range loops' indices run over, and how many run-time ifs
+        # enclose the statement: a store outside any if must stay inside its tensor.
+        self.ranges: dict[Var, Interval] = {}
+        self.guards = 0
 
     def run(self, bindings: Mapping[str, Any], returns: bool = False) -> Any:
         """Parses the body with ``bindings`` for its parameters; with ``returns``, a final
@@ -236,6 +241,8 @@ class Parser:
             self.assign_name(target, value)
         elif isinstance(target, ast.Subscript):
             buffer, indices = self.element(target)
+            if not self.guards:
+                self.check_inside(target, buffer, indices)
             self.fb.store(buffer, indices, value)
         elif isinstance(target, (ast.Tuple, ast.List)):
             if not isinstance(value, (tuple, list)) or len(value) != len(target.elts):
@@ -349,6 +356,9 @@ class Parser:
         offset = var if loop.step == 1 else var * loop.step
         plain = isinstance(loop.start, int) and loop.start == 0
         index = offset if plain and loop.step == 1 else self.fb.let(name, loop.start + offset)
+        self.ranges[var] = Interval(0, extent - 1 if isinstance(extent, int) else None)
+        if index is not offset:
+            self.ranges[index] = bound(loop.start + offset, self.ranges)
         self.block(node.body, {name: index}, node)
         next(steps, None)
 
@@ -385,11 +395,13 @@ class Parser:
         if cond.dtype != dtypes.boolean:
             raise self.error(node.test, f"an if condition must be a bool (a comparison), got "
                              f"the {cond.dtype} expression {cond}")
+        self.guards += 1
         with self.fb.if_(cond):
             self.block(node.body, {}, node)
         if node.orelse:
             with self.fb.else_():
                 self.block(node.orelse, {}, node)
+        self.guards -= 1
 
     def _expression(self, node: ast.Expr) -> None:
         if isinstance(self.expr(node.value), Expr):
@@ -469,6 +481,19 @@ class Parser:
             if not _is_integer(item):
                 raise self.error(node, f"index {item!r} of {buffer.name} is not an integer")
         return items
+
+    def check_inside(self, node: ast.Subscript, buffer: Buffer, indices: tuple) -> None:
+        """Refuses a store that some iteration of the enclosing loops would make outside a
+        static dimension of its tensor (in C, a write past the array)."""
+        for axis, (index, extent) in enumerate(zip(indices, buffer.shape)):
+            if not isinstance(extent, Const) or not isinstance(index, Expr | int):
+                continue
+            reach = bound(as_expr(index), self.ranges)
+            if (reach.hi is not None and reach.hi >= extent.value) or \
+                    (reach.lo is not None and reach.lo < 0):
+                raise self.error(node, f"index {axis} of {buffer.name} runs over "
+                                       f"{reach.lo}..{reach.hi}, outside its extent "
+                                       f"{extent.value}")
 
     @staticmethod
     def rank_message(buffer: Buffer, count: int) -> str:

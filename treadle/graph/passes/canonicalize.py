@@ -31,7 +31,8 @@ from treadle.errors import ModelError
 from treadle.graph.ops.transform import index_bounds, out_of_range
 from treadle.graph.passes.attention import decompose_attention
 from treadle.graph.passes.channels_last import grouped_gemm
-from treadle.graph.passes.conv_transpose import decompose_conv_transpose
+from treadle.graph.passes.conv_transpose import decompose_conv_transpose, zero_padded
+from treadle.graph.passes.fission import Primitives
 from treadle.graph.passes.fold_constants import small_contents
 from treadle.graph.rewrite import consumers, reapply, rewrite_graph, sole_reader
 from treadle.graph.tensor import Tensor, constant
@@ -137,12 +138,8 @@ def _conv_padding(node: Operator, inputs: list, readers) -> Optional[Sequence[Te
         return None
     if len(pads) != 2 * rank:
         return None  # the Conv definition reports the malformed attribute
-    zeros = [0, 0]
-    widths = np.array(zeros + pads[:rank] + zeros + pads[rank:], np.int64)
-    padded = apply("Pad", [x, constant(widths, f"{node.name}/pads")], {"mode": "constant"},
-                   f"{node.name}/pad")[0]
-    return [apply("Conv", [padded, *inputs[1:]], {**attrs, "pads": [0] * 2 * rank},
-                  node.name)[0]]
+    return [apply("Conv", [zero_padded(Primitives(node), x, pads), *inputs[1:]],
+                  {**attrs, "pads": [0] * 2 * rank}, node.name)[0]]
 
 
 def _check_indices(node: Operator, inputs: list, readers) -> Optional[Sequence[Tensor]]:

@@ -114,18 +114,19 @@ def _one_conv(p: Primitives, x: Tensor, w: Tensor, bias: Optional[Tensor], win, 
         phases = math.prod(win.strides)
         tiled = np.tile(bias.data.reshape(group, 1, -1), (1, phases, 1)).reshape(-1)
         inputs.append(constant(tiled, f"{p.node.name}/phase_bias"))
-    return p.op("Conv", [_padded(p, x, pads, "pad"), *inputs[1:]], "phases", group=group)
+    return p.op("Conv", [zero_padded(p, x, pads), *inputs[1:]], "phases", group=group)
 
 
-def _padded(p: Primitives, x: Tensor, pads: Sequence[int], suffix: str) -> Tensor:
-    """``x`` with ``pads`` (all before, then all after, per spatial axis) zeros around
-    its image: the convolutions read a padded copy, as ``canonicalize`` has every padded
-    convolution do (a phase checking bounds at each read ran 2.3x slower)."""
+def zero_padded(p: Primitives, x: Tensor, pads: Sequence[int]) -> Tensor:
+    """``x`` with ``pads`` (a Conv's: all before, then all after, per spatial axis) zeros
+    around its image, the Pad named ``<node>/pad``: a convolution reads a padded copy,
+    where checking bounds at every read of its GEMM doubled the cost of ResNet's 3x3
+    convolutions (and of a ConvTranspose's phases)."""
     if not any(pads):
         return x
     rank = len(pads) // 2
     widths = [0, 0, *pads[:rank], 0, 0, *pads[rank:]]
-    return p.op("Pad", [x, p.shape(widths, f"{suffix}s")], suffix, mode="constant")
+    return p.op("Pad", [x, p.shape(widths, "pads")], "pad", mode="constant")
 
 
 # How many times the taps it needs the one Conv of every phase may compute: where the
@@ -169,7 +170,7 @@ def _phase_convs(p: Primitives, x: Tensor, w: Tensor, bias: Optional[Tensor], wi
     rank = len(exact[0])
     most = [max(ph[1][a] for ph in phases) for a in range(rank)] + \
         [max(ph[2][a] for ph in phases) for a in range(rank)]
-    read = _windows(p, _padded(p, x, most, "pad"), w.shape[1])
+    read = _windows(p, zero_padded(p, x, most), w.shape[1])
     for k, (weight, before, after) in enumerate(phases):
         window = read([m - b for m, b in zip(most, before + after)], k)
         outputs.append(p.op("Conv", [window, weight, *([] if bias is None else [bias])],

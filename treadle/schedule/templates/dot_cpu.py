@@ -25,16 +25,19 @@ from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, compute
 from treadle.ir.dtypes import float32, vector
 from treadle.ir.expr import Buffer, Expr, Load, broadcast, call, ceil_div, minimum
-from treadle.ir.functor import free_vars, substitute, walk
+from treadle.ir.functor import free_vars, substitute
 from treadle.ir.mapping import unravel
 from treadle.schedule.rules import Kernel, canonical_kernel
 from treadle.schedule.template import Fixed, FixedTemplate
 from treadle.schedule.templates.gemm import MIN_GEMM_COLUMNS, match_gemm_output, with_constants
 from treadle.schedule.templates.gemm.pattern import (GemmPattern, f32, left_value, product,
                                                      role_extents)
+from treadle.schedule.templates.gemm.program import declare_parameters
 from treadle.target.cpu import CpuTarget
 
 MAX_ROWS = 7  # of a register tile: 8 rows by 3 columns spilled (3x slower)
+# K's innermost axis must fill whole vectors of the narrowest kind (AVX2's 8 floats).
+VECTOR_ELEMENTS = 8
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,6 @@ def match_dot(op: Operator) -> DotPattern | None:
         return None
     return DotPattern(replace(pattern, inputs=tuple(op.input_buffers),
                               checks=tuple(op.checks)), left)
-
-
-# K's innermost axis must fill whole vectors of the narrowest kind (AVX2's 8 floats).
-VECTOR_ELEMENTS = 8
 
 
 class DotTemplate(FixedTemplate):
@@ -104,9 +103,7 @@ def schedule_dot(dot: DotPattern, name: str, target: CpuTarget) -> Kernel:
     rows = max(1, min(MAX_ROWS, (target.vector_registers - columns - 2) // columns))
     weights = weight_rows(pattern)
     with FunctionBuilder(name) as fb:
-        _parameters(fb, pattern, weights.buffer)
-        for cond, message in pattern.checks:
-            fb.assert_(cond, message)
+        declare_parameters(fb, pattern, False, [weights.buffer])
         m = product(extents["m"])
         for tile in fb.range(ceil_div(m, rows), kind="parallel", name="tile"):
             # Rows past the last read it again, so the tail tile needs no loop of its own.
@@ -122,22 +119,6 @@ def schedule_dot(dot: DotPattern, name: str, target: CpuTarget) -> Kernel:
                     for n in range(columns):
                         _store(fb, pattern, extents, at[r], n, call("reduce_add", regs[r, n]))
     return canonical_kernel(fb.function, pattern.inputs, 1, (weights,))
-
-
-def _parameters(fb: FunctionBuilder, pattern: GemmPattern, weights: Buffer) -> None:
-    """The inputs the left factor and the epilogue read, the output, the laid-out weights,
-    then the symbols of their shapes and of the checks."""
-    sources = [pattern.left] + ([pattern.epilogue.value] if pattern.epilogue else [])
-    used = {n.buffer for e in sources for n in walk(e) if isinstance(n, Load)}
-    for buffer in pattern.inputs:
-        if buffer is not None and buffer in used:
-            fb.add_param(buffer)
-    fb.add_param(pattern.output.buffer)
-    fb.add_param(weights)
-    symbols = {v for p in fb.params for d in p.shape for v in free_vars(d)}
-    symbols |= {v for cond, _ in pattern.checks for v in free_vars(cond)}
-    for var in sorted(symbols, key=lambda v: v.name):
-        fb.add_param(var)
 
 
 def _row_coords(fb: FunctionBuilder, pattern: GemmPattern, extents: dict, flat, m) -> dict:

@@ -30,39 +30,49 @@ from treadle.schedule.templates.gemm.micro_kernel import Slice, register_tile, s
 from treadle.schedule.templates.gemm.packing import (MacroTile, k_block, k_walk, pack_left,
                                                      pack_right, pack_whole_left,
                                                      whole_left_buffer)
-from treadle.schedule.templates.gemm.pattern import f32, right_row, static_max, static_min
+from treadle.schedule.templates.gemm.pattern import (GemmPattern, f32, right_row, static_max,
+                                                     static_min)
 from treadle.schedule.templates.gemm.resolve import ResolvedGemm, worker_groups
 
 
 def emit(gemm: ResolvedGemm, name: str) -> Kernel:
     """The kernel ``name`` of a resolved GEMM; the pattern's checks (run-time conditions on
     symbolic sizes) are asserted before any work."""
-    pattern, panels, checks = gemm.pattern, gemm.panels, gemm.pattern.checks
+    pattern, panels = gemm.pattern, gemm.panels
     with FunctionBuilder(name) as fb:
-        sources = [pattern.left, panels.value if panels else pattern.right]
-        if pattern.epilogue is not None:
-            sources.append(pattern.epilogue.value)
-        used = {n.buffer for e in sources for n in walk(e) if isinstance(n, Load)}
-        if panels is not None:  # read by the layout, at compile time, not by the kernel
-            used -= {n.buffer for n in walk(pattern.right) if isinstance(n, Load)}
-        for buffer in pattern.inputs:
-            if buffer is not None and buffer in used:
-                fb.add_param(buffer)
-        out = fb.add_param(pattern.output.buffer)
-        if panels is not None:
-            fb.add_param(panels.buffer)
-        left = fb.add_param(whole_left_buffer(gemm)) if gemm.whole_left else None
-        symbols = {v for p in fb.params for d in p.shape for v in free_vars(d)}
-        symbols |= {v for cond, _ in checks for v in free_vars(cond)}
-        for var in sorted(symbols, key=lambda v: v.name):
-            fb.add_param(var)
-        for cond, message in checks:
-            fb.assert_(cond, message)
+        laid_out = [panels.buffer] if panels is not None else []
+        if gemm.whole_left:
+            laid_out.append(whole_left_buffer(gemm))
+        out, *extra = declare_parameters(fb, pattern, panels is None, laid_out)
+        left = extra[-1] if gemm.whole_left else None
         if gemm.cfg.split_k == 1:
             _whole_k(fb, gemm, out, left)
         else:
             _split_k(fb, gemm, out)
     return canonical_kernel(fb.function, pattern.inputs, 1, (panels,) if panels else ())
+
+
+def declare_parameters(fb: FunctionBuilder, pattern: GemmPattern, reads_right: bool,
+                       buffers: list[Buffer]) -> list[Buffer]:
+    """Declares a product's kernel parameters: the inputs its factors and epilogue read
+    (the right factor's only where ``reads_right``: laid out at compile time, the kernel
+    reads the layout), the output, ``buffers``, then the symbols of their shapes and of
+    the checks, which it asserts. Returns the output and ``buffers``."""
+    sources = [pattern.left] + ([pattern.right] if reads_right else [])
+    if pattern.epilogue is not None:
+        sources.append(pattern.epilogue.value)
+    used = {n.buffer for e in sources for n in walk(e) if isinstance(n, Load)}
+    for buffer in pattern.inputs:
+        if buffer is not None and buffer in used:
+            fb.add_param(buffer)
+    declared = [fb.add_param(b) for b in (pattern.output.buffer, *buffers)]
+    symbols = {v for p in fb.params for d in p.shape for v in free_vars(d)}
+    symbols |= {v for cond, _ in pattern.checks for v in free_vars(cond)}
+    for var in sorted(symbols, key=lambda v: v.name):
+        fb.add_param(var)
+    for cond, message in pattern.checks:
+        fb.assert_(cond, message)
+    return declared
 
 
 def _whole_k(fb: FunctionBuilder, gemm: ResolvedGemm, out: Buffer, left: Buffer | None) -> None:

@@ -30,9 +30,8 @@ from treadle.ir.mapping import unravel
 from treadle.schedule.rules import Kernel, canonical_kernel
 from treadle.schedule.template import Fixed, FixedTemplate
 from treadle.schedule.templates.gemm import MIN_GEMM_COLUMNS, match_gemm_output, with_constants
-from treadle.schedule.templates.gemm.pattern import (GemmPattern, f32, left_value, product,
-                                                     role_extents)
-from treadle.schedule.templates.gemm.program import declare_parameters
+from treadle.schedule.templates.gemm.pattern import (GemmPattern, declare_parameters, f32,
+                                                     left_value, product, role_extents)
 from treadle.target.cpu import CpuTarget
 
 MAX_ROWS = 7  # of a register tile: 8 rows by 3 columns spilled (3x slower)

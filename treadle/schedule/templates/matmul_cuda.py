@@ -31,8 +31,8 @@ from treadle.ir.expr import Buffer, Expr, Load, logical_and
 from treadle.ir.functor import free_vars, substitute, walk
 from treadle.ir.mapping import repeat, spatial, unravel
 from treadle.schedule.rules import Kernel, canonical_kernel
-from treadle.schedule.templates.gemm.pattern import (GemmPattern, match_gemm_output, product,
-                                                     role_extents)
+from treadle.schedule.templates.gemm.pattern import (GemmPattern, declare_parameters,
+                                                     match_gemm_output, product, role_extents)
 from treadle.target.cuda import CudaTarget
 
 ELEMENT_BYTES = 4
@@ -201,7 +201,7 @@ def _emit(resolved: ResolvedMatmulCuda, name: str) -> Kernel:
     problem = _Problem(pattern)
     M, N = problem.size["m"], problem.size["n"]
     with FunctionBuilder(name) as fb:
-        _params(fb, pattern)
+        declare_parameters(fb, pattern, True, [])
         tiles_m = (M + cfg.block_m - 1) // cfg.block_m
         tiles_n = (N + cfg.block_n - 1) // cfg.block_n
         for blk in fb.range(problem.size["batch"] * tiles_m * tiles_n, kind="blocks", name="blk"):
@@ -216,22 +216,6 @@ def _emit(resolved: ResolvedMatmulCuda, name: str) -> Kernel:
             for t in fb.range(cfg.threads, kind="threads", name="t"):
                 _thread(fb, problem, cfg, t, batch, m0, n0, a_tile, b_tile)
     return canonical_kernel(fb.function, pattern.inputs, 1)
-
-
-def _params(fb: FunctionBuilder, pattern: GemmPattern) -> None:
-    sources = [pattern.left, pattern.right] + ([pattern.epilogue.value] if pattern.epilogue
-                                               else [])
-    used = {n.buffer for e in sources for n in walk(e) if isinstance(n, Load)}
-    for buffer in pattern.inputs:
-        if buffer is not None and buffer in used:
-            fb.add_param(buffer)
-    fb.add_param(pattern.output.buffer)
-    symbols = {v for p in fb.params for d in p.shape for v in free_vars(d)}
-    symbols |= {v for cond, _ in pattern.checks for v in free_vars(cond)}
-    for var in sorted(symbols, key=lambda v: v.name):
-        fb.add_param(var)
-    for cond, message in pattern.checks:
-        fb.assert_(cond, message)
 
 
 def _thread(fb: FunctionBuilder, problem: _Problem, cfg: MatmulCudaConfig, t, batch: dict,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Collection, Sequence
 
+from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, producer_of, reachable
 from treadle.ir.dtypes import float32
 from treadle.ir.expr import Binary, Buffer, Cast, Const, Expr, Load, Var, maximum, minimum
@@ -182,3 +183,26 @@ def interleaved_batch(pattern: GemmPattern) -> bool:
 
 def f32(e: Expr) -> Expr:
     return e if e.dtype == float32 else Cast(e, float32)
+
+
+def declare_parameters(fb: FunctionBuilder, pattern: GemmPattern, reads_right: bool,
+                       buffers: list[Buffer]) -> list[Buffer]:
+    """Declares a product's kernel parameters: the inputs its factors and epilogue read
+    (the right factor's only where ``reads_right``: laid out at compile time, the kernel
+    reads the layout), the output, ``buffers``, then the symbols of their shapes and of
+    the checks, which it asserts. Returns the output and ``buffers``."""
+    sources = [pattern.left] + ([pattern.right] if reads_right else [])
+    if pattern.epilogue is not None:
+        sources.append(pattern.epilogue.value)
+    used = {n.buffer for e in sources for n in walk(e) if isinstance(n, Load)}
+    for buffer in pattern.inputs:
+        if buffer is not None and buffer in used:
+            fb.add_param(buffer)
+    declared = [fb.add_param(b) for b in (pattern.output.buffer, *buffers)]
+    symbols = {v for p in fb.params for d in p.shape for v in free_vars(d)}
+    symbols |= {v for cond, _ in pattern.checks for v in free_vars(cond)}
+    for var in sorted(symbols, key=lambda v: v.name):
+        fb.add_param(var)
+    for cond, message in pattern.checks:
+        fb.assert_(cond, message)
+    return declared

@@ -23,15 +23,15 @@ from typing import Callable
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Expr, Load, call, ceil_div, eq
-from treadle.ir.functor import free_vars, substitute, walk
+from treadle.ir.functor import substitute
 from treadle.ir.mapping import spatial, unravel
 from treadle.schedule.rules import Kernel, canonical_kernel
 from treadle.schedule.templates.gemm.micro_kernel import Slice, register_tile, spill
 from treadle.schedule.templates.gemm.packing import (MacroTile, k_block, k_walk, pack_left,
                                                      pack_right, pack_whole_left,
                                                      whole_left_buffer)
-from treadle.schedule.templates.gemm.pattern import (GemmPattern, f32, right_row, static_max,
-                                                     static_min)
+from treadle.schedule.templates.gemm.pattern import (declare_parameters, f32, right_row,
+                                                     static_max, static_min)
 from treadle.schedule.templates.gemm.resolve import ResolvedGemm, worker_groups
 
 
@@ -50,29 +50,6 @@ def emit(gemm: ResolvedGemm, name: str) -> Kernel:
         else:
             _split_k(fb, gemm, out)
     return canonical_kernel(fb.function, pattern.inputs, 1, (panels,) if panels else ())
-
-
-def declare_parameters(fb: FunctionBuilder, pattern: GemmPattern, reads_right: bool,
-                       buffers: list[Buffer]) -> list[Buffer]:
-    """Declares a product's kernel parameters: the inputs its factors and epilogue read
-    (the right factor's only where ``reads_right``: laid out at compile time, the kernel
-    reads the layout), the output, ``buffers``, then the symbols of their shapes and of
-    the checks, which it asserts. Returns the output and ``buffers``."""
-    sources = [pattern.left] + ([pattern.right] if reads_right else [])
-    if pattern.epilogue is not None:
-        sources.append(pattern.epilogue.value)
-    used = {n.buffer for e in sources for n in walk(e) if isinstance(n, Load)}
-    for buffer in pattern.inputs:
-        if buffer is not None and buffer in used:
-            fb.add_param(buffer)
-    declared = [fb.add_param(b) for b in (pattern.output.buffer, *buffers)]
-    symbols = {v for p in fb.params for d in p.shape for v in free_vars(d)}
-    symbols |= {v for cond, _ in pattern.checks for v in free_vars(cond)}
-    for var in sorted(symbols, key=lambda v: v.name):
-        fb.add_param(var)
-    for cond, message in pattern.checks:
-        fb.assert_(cond, message)
-    return declared
 
 
 def _whole_k(fb: FunctionBuilder, gemm: ResolvedGemm, out: Buffer, left: Buffer | None) -> None:

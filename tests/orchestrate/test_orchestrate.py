@@ -100,6 +100,8 @@ def test_candidates_that_fail_are_skipped_with_a_warning(tmp_path, monkeypatch, 
     with override(cache_dir=tmp_path), caplog.at_level(logging.WARNING):
         compiled = treadle.compile(model, orchestrate=True)
     assert "is skipped: refused for the test" in caplog.text
+    skipped = [r.getMessage() for r in caplog.records if "is skipped" in r.getMessage()]
+    assert len(skipped) == len(set(skipped))  # a reason shared by candidates is said once
     feeds = {n: random_array((2, 9, 4), seed=k) for k, n in enumerate("qkv")}
     assert_close(compiled(**feeds)[0], run_onnxruntime(model, feeds)[0], reduction=4)
 

@@ -33,6 +33,7 @@ import hashlib
 import importlib
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -573,12 +574,26 @@ def _format_primitives(pg: PrimitiveGraph) -> str:
                      for k, (op, category) in enumerate(zip(pg.ops, pg.categories)))
 
 
+def _warn_skipped(skipped: Counter, warned: set) -> None:
+    """One warning per reason: candidates that share a name and an error (the same fusion
+    tried with several neighbours, or measured again in context) would otherwise repeat
+    one line many times."""
+    for (name, reason), count in skipped.items():
+        if (name, reason) in warned:
+            continue
+        warned.add((name, reason))
+        times = f" ({count} candidates)" if count > 1 else ""
+        log.warning("orchestration: candidate %s is skipped: %s%s", name, reason, times)
+
+
 def _measurer(tune: int | str, target: CpuTarget, cache: OrchestrationCache) -> Measure:
     """Builds each plan's kernel as the compiler will (at tuning level ``tune``) and
     measures it; a view costs nothing, a plan that fails to build is skipped."""
     from treadle.compiler import tuned_kernel
     from treadle.schedule.fusion import fused_kernel
     from treadle.tune.exhaustive import measurement_progress
+
+    warned: set = set()
 
     def measure(plans: Sequence[KernelPlan]) -> list:
         with dump_folder("candidates"):  # each candidate's schedule, apart from the model's
@@ -587,6 +602,7 @@ def _measurer(tune: int | str, target: CpuTarget, cache: OrchestrationCache) -> 
     def _measured(plans: Sequence[KernelPlan]) -> list:
         functions, where, labels = [], [], []
         costs: list = [0.0 if p.is_view else None for p in plans]
+        skipped: Counter = Counter()
         for k, plan in enumerate(plans):
             if plan.is_view:
                 continue
@@ -594,11 +610,12 @@ def _measurer(tune: int | str, target: CpuTarget, cache: OrchestrationCache) -> 
                 kernel = fused_kernel(plan, f"candidate{k}",
                                       lambda op, name: tuned_kernel(op, name, tune, target))
             except TreadleError as err:
-                log.warning("orchestration: candidate %s is skipped: %s", plan.name, err)
+                skipped[plan.name, str(err)] += 1
                 continue
             functions.append(kernel.function)
             where.append(k)
             labels.append(plan.name)
+        _warn_skipped(skipped, warned)
         with measurement_progress(len(functions), "orchestration") as bar:
             seconds = cache.measure(functions, labels, bar.update)
         for k, s in zip(where, seconds):

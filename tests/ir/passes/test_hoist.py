@@ -77,3 +77,20 @@ def test_invariant_floors_and_conversions_leave_the_inner_loop():
     function(x, y)
     source = np.floor(np.arange(13, dtype=np.float32) * 0.5 + 0.25)
     np.testing.assert_array_equal(y, x[source.astype(int)] + source[:, None])
+
+
+def test_a_division_by_a_scalar_the_loop_writes_stays_in_it():
+    """Y[p] = ceil(n / w) for w = 1, 2, 4 ..., a mutable scalar doubled each pass: bound
+    before the loop, the quotient would keep its first value."""
+    with FunctionBuilder("passes") as fb:
+        n = fb.symbol("n")
+        y = fb.param("Y", index_type, [5])
+        width = fb.scalar("width", index_type, 1)
+        for p in fb.range(5, name="p"):
+            y[p] = (n + width[()] - 1) // width[()]
+            fb.store(width, (), width[()] * 2)
+    loops = [s for s in walk(hoist(fb.function).body) if isinstance(s, For)]
+    assert len(_divisions_in_loop(loops[0])) == 1
+    y = np.zeros(5, np.int64)
+    compile_function(fb.function)(y, n=37)
+    np.testing.assert_array_equal(y, [-(-37 // 2 ** p) for p in range(5)])

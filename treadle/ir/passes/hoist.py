@@ -22,7 +22,7 @@ import itertools
 from treadle.ir.expr import Binary, Call, Cast, Const, Expr, Load, Var
 from treadle.ir.functor import bound_vars, free_vars, rewrite, walk
 from treadle.ir.interval import is_index_dtype
-from treadle.ir.stmt import For, Function, Let, Seq, Stmt
+from treadle.ir.stmt import Accumulate, For, Function, Let, Seq, Stmt, Store
 
 __all__ = ["hoist"]
 
@@ -40,10 +40,14 @@ def _hoisted(s, fresh) -> Stmt | None:
     if not isinstance(s, For) or s.kind == "parallel":
         return None
     varying = bound_vars(s)
+    written = {n.buffer for n in walk(s) if isinstance(n, (Store, Accumulate))}
     lets: dict[Expr, Var] = {}
 
     def bind(e) -> Expr | None:
         if not (_divides_by_value(e) or _costly(e)) or free_vars(e) & varying:
+            return None
+        # A mutable scalar (a run width doubling each pass) varies as much as a loop index.
+        if any(isinstance(n, Load) and n.buffer in written for n in walk(e)):
             return None
         if e not in lets:
             lets[e] = Var(next(fresh), e.dtype)

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.harness import random_array
+from tests.harness import assert_close, random_array, run_graph
 from treadle import ops
 from treadle.graph.graph import Graph
+from treadle.graph.operator import apply
 from treadle.graph.optimize import optimize
 from treadle.graph.partition import format_partition, partition
 
@@ -101,3 +102,19 @@ def test_a_transposed_graph_output_moving_the_innermost_axis_is_its_own_kernel()
     tokens = ops.input("t", "float32", [2, 5, 3, 8])
     heads = ops.transpose(ops.matmul(tokens, ops.constant(random_array([8, 8]))), [0, 2, 1, 3])
     assert groups_of([heads], [tokens]) == [("MatMul", [], ["Transpose"])]
+
+
+def test_a_reshape_whose_target_shape_reads_the_group_is_no_epilogue():
+    """Dynamo's exports of grouped-query attention reshape a tensor to a shape computed
+    from ``Shape`` of that same tensor: fused after the tensor's kernel, the reshape would
+    make the kernel wait for the Shape kernel, which waits for it."""
+    x = ops.input("x", "float32", ["n", 6])
+    r = ops.relu(x)
+    size = apply("Shape", [r], {"end": 1})[0]
+    target = ops.concat([size, ops.constant(np.array([2, 3], np.int64))], axis=0)
+    y = ops.op("Neg", ops.op("Reshape", r, target))
+    groups = groups_of([y], [x])
+    assert ("Relu", [], ["Reshape", "Neg"]) not in groups
+    data = random_array([5, 6])
+    (out,) = run_graph([(x, data)], [y])
+    assert_close(out, -np.maximum(data, 0).reshape(5, 2, 3))

@@ -254,19 +254,23 @@ class _Partitioner:
                         for r in self.consumers.get(id(op.outputs[0]), [])))
 
     def _can_be_epilogue(self, op: Operator, group: Group, produced: set[int]) -> bool:
-        if id(op) in self.group_of:
+        if id(op) in self.group_of or not self._reads_as_epilogue(op, produced):
             return False
+        # A view's target shape counts too: one computed from a Shape of a tensor the
+        # group writes (dynamo's exports of grouped-query attention) needs the group.
+        outside = [t for t in op.inputs if t is not None and id(t) not in produced]
+        return not any(self._depends_on(t, group) for t in outside)
+
+    def _reads_as_epilogue(self, op: Operator, produced: set[int]) -> bool:
+        """Whether ``op`` reads the group's results as an epilogue may: a view or padding
+        of one, or an injective operator reading them one to one."""
         if is_view(op):
             return id(op.inputs[0]) in produced
         padding = padding_of(op)
         if padding is not None:
             return id(op.inputs[0]) in produced and self._padding_fits(op, padding)
-        if not is_injective(op) or self._scatters_output(op):
-            return False
-        if not reads_one_to_one(op, produced):
-            return False
-        outside = [t for t in op.inputs if t is not None and id(t) not in produced]
-        return not any(self._depends_on(t, group) for t in outside)
+        return (is_injective(op) and not self._scatters_output(op)
+                and reads_one_to_one(op, produced))
 
     def _scatters_output(self, op: Operator) -> bool:
         """Whether ``op`` is a transposition of the graph's output that moves its innermost

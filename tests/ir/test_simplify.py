@@ -215,6 +215,20 @@ def test_symbolic_factor_cancels_wherever_division_is_defined():
     assert str(simplify_expr((seq + 1) // seq)) == "(seq + 1) // seq"
 
 
+def test_a_symbolic_monomial_divides_out_of_every_term():
+    """An exporter's batch recovered from an element count divided by the other sizes
+    (DeBERTa's attention): left as a division, the broadcast sizes built on it nest
+    selects that double with every layer."""
+    batch, seq = Var("batch"), Var("seq")
+    assert simplify_expr(batch * seq * seq * 4 // (seq * seq * 4)) == batch
+    assert simplify_expr(batch * seq * seq * 4 % (seq * 4 * seq)) == Const(0, int64)
+    assert str(simplify_expr((batch * seq * 8 - seq * 4) // (seq * 4))) == "batch * 2 - 1"
+    assert simplify_expr(select(eq(batch, 1), batch * seq * 4 // (seq * 4), batch)) == batch
+    # a factor missing from a term, or a coefficient that does not divide, stays
+    assert "//" in str(simplify_expr((batch * seq + batch) // seq))
+    assert "//" in str(simplify_expr(batch * seq * 6 // (seq * 4)))
+
+
 def test_digits_of_a_symbolic_divisor_merge_back():
     """x // n * n + x % n is x wherever n != 0, in either order of the product and under
     a common factor: a flat row split by a run-time size and put back together (a

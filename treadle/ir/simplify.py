@@ -214,20 +214,47 @@ def _div_exact(e: Binary, ranges: Ranges) -> Expr | None:
 
 
 def _div_symbolic_factor(e: Binary, ranges: Ranges) -> Expr | None:
-    # (x * q) // x -> q and (x * q) % x -> 0 for any non-constant x: wherever the division
-    # is defined (x != 0) it is exact. Shape arithmetic produces these (768 * n // n).
-    if isinstance(e.b, Const) or not e.dtype.is_integer:
+    # (m * q) // m -> q and (m * q) % m -> 0 for a monomial m with a symbolic factor,
+    # whatever terms q has: wherever the division is defined (m != 0) it is exact. Shape
+    # arithmetic produces these (768 * n // n; an exporter's batch recovered from an
+    # element count, batch * seq * seq * 4 // (seq * seq * 4), which left DeBERTa's
+    # broadcast sizes nesting selects that doubled with every layer).
+    if not e.dtype.is_integer:
         return None
-    form = _linear(e.a, e.dtype)
-    if form.const or len(form.terms) != 1:
+    dividend, divisor = _polynomial(e.a), _polynomial(e.b)
+    if dividend is None or divisor is None or len(divisor) != 1:
         return None
-    (term, k), = form.terms.items()
-    quotient = _factor_out(term, e.b)
-    if quotient is None:
+    (factor, k), = divisor.items()
+    if not factor:  # a constant divisor: _div_exact's case
         return None
+    quotient = {}
+    for monomial, c in dividend.items():
+        rest = _without(monomial, factor)
+        if rest is None or c % k:
+            return None
+        quotient[rest] = c // k
     if e.op == "%":
         return Const(0, e.dtype)
-    return _build(_linear(quotient, e.dtype).times(k), e.dtype)
+    return _build(_Sum({_product(m): c for m, c in quotient.items() if m},
+                       quotient.get((), 0)), e.dtype)
+
+
+def _without(monomial: tuple, factor: tuple) -> tuple | None:
+    """The terms of ``monomial`` left once those of ``factor`` are taken out, or None when
+    ``factor`` does not divide it."""
+    rest = list(monomial)
+    for term in factor:
+        if term not in rest:
+            return None
+        rest.remove(term)
+    return tuple(rest)
+
+
+def _product(terms: tuple) -> Expr:
+    product = terms[0]
+    for term in terms[1:]:
+        product = Binary("*", product, term)
+    return product
 
 
 def _factor_out(term: Expr, factor: Expr) -> Expr | None:

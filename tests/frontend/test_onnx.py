@@ -341,3 +341,36 @@ def test_dimension_names_never_collide_with_generated_names(name):
                        {"p": np.array([0, 0, 1, 0, 0, 1], np.int64)})
     x = random_array((3, 2, 5), seed=1)
     assert_close(treadle.compile(model)(x=x)[0], run_onnxruntime(model, {"x": x})[0])
+
+
+def test_a_reshape_target_mixing_a_float_computed_constant_and_a_symbolic_size():
+    """Dinov2's TorchScript export: the patch grid's side, int(49 ** 0.5) computed in
+    float from constants, concatenated with a size read from the input's shape. Each part
+    is known at compile time, the one by folding, the other symbolically."""
+    nodes = [helper.make_node("Pow", ["positions", "half"], ["side_f"]),
+             helper.make_node("Cast", ["side_f"], ["side"], to=TensorProto.INT64),
+             helper.make_node("Unsqueeze", ["side", "zero"], ["side1"]),
+             helper.make_node("Shape", ["x"], ["dims"]),
+             helper.make_node("Gather", ["dims", "zero"], ["batch"]),
+             helper.make_node("Concat", ["batch", "side1", "side1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    model = make_model(nodes, [tensor("x", ["n", 49])], [tensor("y", ["n", 7, 7])],
+                       {"positions": np.float32(49), "half": np.float32(0.5),
+                        "zero": np.array([0], np.int64)})
+    x = random_array((3, 49))
+    assert_close(treadle.compile(model)(x)[0], run_onnxruntime(model, {"x": x})[0])
+
+
+def test_a_bicubic_resize_to_the_same_size_copies_its_input():
+    """Dinov2 resizes its position embeddings bicubically to the grid they were trained
+    at; a cubic resize to another size is still refused, naming the node."""
+    def resize(out: int) -> onnx.ModelProto:
+        node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="grid",
+                                mode="cubic")
+        return make_model([node], [tensor("x", [1, 4, 7, 7])], [tensor("y", [1, 4, out, out])],
+                          {"sizes": np.array([1, 4, out, out], np.int64)})
+    x = random_array((1, 4, 7, 7))
+    model = resize(7)
+    assert_close(treadle.compile(model)(x)[0], run_onnxruntime(model, {"x": x})[0])
+    with pytest.raises(UnsupportedOpError, match="grid.*cubic"):
+        treadle.compile(resize(9))

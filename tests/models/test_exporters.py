@@ -63,8 +63,24 @@ def _swin():
         window_size=4)), ["pixel_values"]
 
 
+def _deberta_v2():
+    # Disentangled attention: log-bucketed relative positions, gathers by position.
+    return transformers.DebertaV2Model(transformers.DebertaV2Config(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64, relative_attention=True,
+        position_buckets=16, pos_att_type=["p2c", "c2p"])), TOKENS
+
+
+def _dinov2():
+    # Position embeddings resized (bicubic) to the patch grid, whose side is computed in
+    # float from the number of positions.
+    return transformers.Dinov2Model(transformers.Dinov2Config(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        image_size=32, patch_size=8)), ["pixel_values"]
+
+
 ARCHITECTURES = {"bert": _bert, "gpt2": _gpt2, "llama": _llama, "t5": _t5, "vit": _vit,
-                 "swin": _swin}
+                 "swin": _swin, "deberta_v2": _deberta_v2, "dinov2": _dinov2}
 
 
 class _Positional(torch.nn.Module):
@@ -109,13 +125,18 @@ def _export(name: str, opset: int | None, path):
 
 # Opset 23 writes every attention as one Attention node: the default run takes the three
 # attention shapes (BERT's padding mask, GPT-2's causal one, LLaMA's grouped heads); -m slow
-# the rest.
+# the rest, and the exports that take 10-25 s (DeBERTa-v2's, Dinov2's through dynamo).
 OPSET_23_DEFAULT = {"bert", "gpt2", "llama"}
+SLOW = {("deberta_v2", None), ("deberta_v2", 20), ("dinov2", 20)}
+
+
+def _is_slow(opset: int | None, name: str) -> bool:
+    return (opset == 23 and name not in OPSET_23_DEFAULT) or (name, opset) in SLOW
 
 
 @pytest.mark.parametrize("opset,name", [
-    (opset, name) if opset != 23 or name in OPSET_23_DEFAULT
-    else pytest.param(opset, name, marks=pytest.mark.slow)
+    pytest.param(opset, name, marks=pytest.mark.slow) if _is_slow(opset, name)
+    else (opset, name)
     for opset in (None, 20, 23) for name in sorted(ARCHITECTURES)],
     ids=[f"{name}-{label}" for label in ("torchscript", "dynamo", "dynamo23")
          for name in sorted(ARCHITECTURES)])

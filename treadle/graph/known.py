@@ -34,6 +34,29 @@ def evaluate_small(c: Compute, inputs: Mapping[Buffer, Tensor]) -> Optional[tupl
         return None
 
 
+def derive_value(t: Tensor, seen: Optional[set] = None) -> None:
+    """Fills in the contents of a small integer tensor that were unknown when its operator
+    was applied because an input's were: one computed from constants through float
+    arithmetic has contents only once folded (Dinov2's patch grid side, int(49 ** 0.5),
+    concatenated with a size read from the input's shape), which ``small_contents`` does
+    on demand; the tensors computed from it are then evaluated again."""
+    from treadle.graph.passes.fold_constants import small_contents
+    seen = set() if seen is None else seen
+    if t.value is not None or t.producer is None or not (t.dtype.is_integer or t.dtype.is_bool) \
+            or not t.is_static or math.prod(t.shape) > MAX_KNOWN or id(t) in seen:
+        return
+    seen.add(id(t))  # a tensor read by several on the way is tried once
+    small_contents(t)
+    if t.value is not None:
+        return
+    op = t.producer
+    for x in op.inputs:
+        if x is not None:
+            derive_value(x, seen)
+    inputs = {b: x for b, x in zip(op.input_buffers, op.inputs) if b is not None}
+    t.value = evaluate_small(op.definition[op.outputs.index(t)], inputs)
+
+
 def _element(c: Compute, index, inputs: Mapping[Buffer, Tensor]) -> Dim:
     value = substitute(c.value, dict(zip(c.axes, (as_expr(i) for i in index))))
     # Decide selects on the index first: an untaken branch may read out of range (Concat).

@@ -112,9 +112,10 @@ class OpContext:
     def known(self, i: int, what: str = "this input") -> list[Dim]:
         """The contents of a small integer input known at compile time (maybe symbolic);
         an error naming the node when they are not."""
+        from treadle.graph.known import derive_value
         tensor = self.tensors[i] if self.has_input(i) else None
-        if tensor is not None and tensor.value is None:
-            self.data(i)  # computed from constants, it is known all the same
+        if tensor is not None:
+            derive_value(tensor)  # computed from constants in part, it may be known all the same
         if tensor is None or tensor.value is None:
             raise self.needs_value(i, what)
         return list(tensor.value)

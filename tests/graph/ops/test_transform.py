@@ -431,7 +431,7 @@ def test_bad_inputs_name_the_node():
     _raises(ShapeError, "Expand", [x, constant(i64(4, 1))], match="broadcast")
     _raises(UnsupportedOpError, "Slice", [x, Tensor("s", "int64", [1]), constant(i64(1))],
             match="starts")
-    _raises(UnsupportedOpError, "Resize", [x, None, constant(np.ones(3, np.float32))],
+    _raises(UnsupportedOpError, "Resize", [x, None, constant(np.array([1, 1, 2], np.float32))],
             {"mode": "cubic"}, match="cubic")
     _raises(UnsupportedOpError, "Resize", [x, None, constant(np.ones(3, np.float32))],
             {"coordinate_transformation_mode": "tf_crop_and_resize"}, match="tf_crop")

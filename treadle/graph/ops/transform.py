@@ -722,7 +722,7 @@ def resize(ctx: OpContext):
     mode = ctx.attr("mode", "nearest")
     transform = ctx.attr("coordinate_transformation_mode", "half_pixel")
     nearest = ctx.attr("nearest_mode", "round_prefer_floor")
-    if mode not in ("nearest", "linear"):
+    if mode not in ("nearest", "linear", "cubic"):
         raise ctx.unsupported(f"mode {mode!r}")
     if transform not in COORDINATES:
         raise ctx.unsupported(f"coordinate_transformation_mode {transform!r}")
@@ -736,6 +736,10 @@ def resize(ctx: OpContext):
     f32 = dtypes.float32
     # An axis that keeps its length at scale 1 maps each position to itself.
     moved = [a for a in range(len(shape)) if not (out[a] == shape[a] and scales[a] in (1, None))]
+    if mode == "cubic" and moved:
+        # Only the identity, which every mode computes alike: Dinov2's position embeddings
+        # are resized bicubically to the grid they were trained at.
+        raise ctx.unsupported("mode 'cubic' to another size")
 
     def source(a: int, v: Expr) -> Expr:
         n_in, n_out = cast(as_expr(shape[a]), f32), cast(as_expr(out[a]), f32)
@@ -774,7 +778,7 @@ def resize(ctx: OpContext):
             term = x[tuple(index)] if weight is None else weight * x[tuple(index)]
             value = term if value is None else value + term
         return value
-    return [compute("y", out, nearest_element if mode == "nearest" else linear_element)]
+    return [compute("y", out, linear_element if mode == "linear" else nearest_element)]
 
 
 def _times(a: Optional[Expr], b: Expr) -> Expr:

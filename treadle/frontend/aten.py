@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import operator
 import re
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -142,7 +143,7 @@ def convert_node(importer: Importer, node: torch.fx.Node):
     convert = TABLE.get(node.target) or _custom_converter(node.target)
     if convert is None:
         raise UnsupportedOpError(f"node {node.name!r}: ATen operator {node.target} is not "
-                                 "supported")
+                                 f"supported{_shape_from_contents(value)}")
     call = Call(importer, node)
     args, kwargs = importer.arg(node.args), importer.arg(node.kwargs)
     try:
@@ -153,11 +154,23 @@ def convert_node(importer: Importer, node: torch.fx.Node):
         raise UnsupportedOpError(f"{call.where}: cannot be converted: {err}") from err
 
 
+def _shape_from_contents(value) -> str:
+    """Why an op like ``nonzero`` (``torch.where(mask)``) has no converter: a graph's
+    shapes follow from its inputs' shapes, not from their values."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    shapes = [v.shape for v in (value if isinstance(value, (list, tuple)) else [value])
+              if isinstance(v, torch.Tensor)]
+    if any(free_unbacked_symbols(s) for s in shapes):
+        return " (its result's shape depends on its input's values)"
+    return ""
+
+
 def is_supported(node: torch.fx.Node) -> bool:
     """Whether a call_function node has a converter (its arguments may still be refused)."""
     if node.target is operator.getitem or getattr(node.target, "_opname", None) in CHECKS:
         return True
-    if not isinstance(node.target, torch._ops.OpOverload):
+    if not isinstance(node.target, torch._ops.OpOverload) \
+            or node.target is torch.ops.aten.sym_size.int:
         return True  # size arithmetic
     return node.target in TABLE or _custom_converter(node.target) is not None
 
@@ -227,13 +240,21 @@ def _div(call: Call, a, b, rounding_mode=None):
     a, b = _promoted(call, a, b)
     if rounding_mode is None or rounding_mode == "trunc" and not call.dtype.is_float:
         return call.op("Div", a, b)
-    if not call.dtype.is_float:  # floor: divide the multiple of b below a, exactly
-        return call.op("Div", call.op("Sub", a, call.op("Mod", a, b)), b)
+    if not call.dtype.is_float:
+        return _quotient(call, a, b)
     q = call.op("Div", a, b)
     if rounding_mode == "floor":
         return call.op("Floor", q)
     zero = call.const(0, call.dtype)
     return call.op("Where", call.op("Less", q, zero), call.op("Ceil", q), call.op("Floor", q))
+
+
+def _quotient(call: Call, a: Tensor, b: Tensor) -> Tensor:
+    """``a / b`` as PyTorch divides the node's dtype: integers round down (divide the
+    multiple of b below a, exactly), where ONNX's Div truncates."""
+    if call.dtype.is_float:
+        return call.op("Div", a, b)
+    return call.op("Div", call.op("Sub", a, call.op("Mod", a, b)), b)
 
 
 UNARY = {"abs": "Abs", "neg": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqrt",
@@ -564,6 +585,13 @@ def _written(call: Call, x: Tensor, src: Tensor, dim: int, start: Dim, step: int
     return call.op("Where", call.const(hit.reshape(along), dtypes.boolean), picked, x)
 
 
+def _along(call: Call, index: Tensor, dim: int, shape: Sequence[Dim]) -> Tensor:
+    """A vector ``index`` laid along ``dim`` and expanded to ``shape``: the element-wise
+    indices of ScatterElements for ops that name whole slices by their position."""
+    along = [1] * dim + [-1] + [1] * (len(shape) - dim - 1)
+    return call.op("Expand", call.reshape(index, along), call.dims(shape))
+
+
 @aten("index_fill.int_Scalar", "index_fill.int_Tensor")
 def _index_fill(call: Call, x, dim, index, value):
     """``value`` written at ``index`` (a vector) along ``dim``: a scatter of updates shaped
@@ -571,10 +599,97 @@ def _index_fill(call: Call, x, dim, index, value):
     dim %= max(x.rank, 1)
     shape = list(x.shape)
     shape[dim] = index.shape[0] if index.rank else 1
-    along = [1] * dim + [-1] + [1] * (x.rank - dim - 1)
-    where = call.op("Expand", call.reshape(index, along), call.dims(shape))
     fill = call.op("Expand", call.tensor(value, call.dtype), call.dims(shape))
-    return call.op("ScatterElements", x, where, fill, axis=dim)
+    return call.op("ScatterElements", x, _along(call, index, dim, shape), fill, axis=dim)
+
+
+@aten("index_add.default", "index_copy.default")
+def _index_add(call: Call, x, dim, index, source, *, alpha=1):
+    """``source``'s slices along ``dim`` added to (index_copy: written over) those of ``x``
+    at ``index``."""
+    source = call.tensor(source, call.dtype)
+    if alpha != 1:
+        source = call.op("Mul", source, call.const(alpha, call.dtype))
+    reduction = "add" if call.node.target._opname == "index_add" else "none"
+    # A scalar as a one-element vector.
+    x, source = (call.reshape(t, [1]) if t.rank == 0 else t for t in (x, source))
+    dim %= x.rank
+    y = call.op("ScatterElements", x, _along(call, index, dim, source.shape), source,
+                axis=dim, reduction=reduction)
+    return call.reshape(y, call.shape) if y.rank != len(call.shape) else y
+
+
+# PyTorch's scatter reductions as ScatterElements' (a mean is a sum divided by a count).
+SCATTER_REDUCE = {"sum": "add", "add": "add", "mean": "add", "prod": "mul",
+                  "multiply": "mul", "amax": "max", "amin": "min"}
+
+
+@aten("scatter.src", "scatter.value", "scatter.reduce", "scatter.value_reduce",
+      "scatter_add.default")
+def _scatter(call: Call, x, dim, index, src, reduce=None):
+    if call.node.target._opname == "scatter_add":
+        reduce = "sum"
+    reduction = "none" if reduce is None else SCATTER_REDUCE[reduce]
+    return _scattered(call, x, dim, index, src, reduction)
+
+
+@aten("scatter_reduce.two")
+def _scatter_reduce(call: Call, x, dim, index, src, reduce, *, include_self=True):
+    """Each position of ``x`` that ``index`` names combined with the values aimed at it;
+    without ``include_self`` those positions first hold the reduction's identity, so that
+    only the values count."""
+    if reduce not in SCATTER_REDUCE:
+        raise UnsupportedOpError(f"{call.where}: reduction {reduce!r}")
+    base = x if include_self else _scattered(call, x, dim, index,
+                                             _identity(reduce, call.dtype), "none")
+    total = _scattered(call, base, dim, index, src, SCATTER_REDUCE[reduce])
+    if reduce != "mean":
+        return total
+    counted = call.op("Expand", call.const(int(include_self), call.dtype), call.dims(x.shape))
+    count = _scattered(call, counted, dim, index, 1, "add")
+    # A position nothing was aimed at keeps its value: its count is 0 without include_self.
+    return _quotient(call, total, call.op("Max", count, call.const(1, call.dtype)))
+
+
+def _identity(reduce: str, dtype: DataType):
+    """The value that a reduction's result does not change by."""
+    if reduce in ("sum", "mean"):
+        return 0
+    if reduce == "prod":
+        return 1
+    low = -np.inf if dtype.is_float else np.iinfo(dtype.numpy).min
+    high = np.inf if dtype.is_float else np.iinfo(dtype.numpy).max
+    return low if reduce == "amax" else high
+
+
+def _scattered(call: Call, x: Tensor, dim: int, index: Tensor, src, reduction: str):
+    """ScatterElements of ``src`` (a number, or a tensor at least as large as ``index``)
+    into ``x``: PyTorch reads the part of ``src`` that ``index`` covers, where ONNX takes
+    the two of one shape."""
+    src = call.tensor(src, call.dtype)
+    if src.rank == 0:
+        src = call.op("Expand", src, call.dims(index.shape))
+    elif list(src.shape) != list(index.shape):
+        src = call.op("Slice", src, call.ints([0] * index.rank), call.dims(index.shape),
+                      call.ints(range(index.rank)))
+    return call.op("ScatterElements", x, index, src, axis=dim % max(x.rank, 1),
+                   reduction=reduction)
+
+
+@aten("masked_scatter.default")
+def _masked_scatter(call: Call, x, mask, source):
+    """``x`` where ``mask`` holds taking ``source``'s elements in order: the k-th position
+    set (counted along the flattened mask) reads ``source``'s k-th element."""
+    if 0 in source.shape:  # then no position may be set
+        return call.op("Identity", x)
+    mask = call.op("Expand", mask, call.dims(call.shape))
+    flat = call.tensor(call.reshape(mask, [-1]), dtypes.int64)
+    count = call.op("CumSum", flat, call.const(0, dtypes.int64))
+    position = call.op("Max", call.op("Sub", count, call.const(1, dtypes.int64)),
+                       call.const(0, dtypes.int64))
+    picked = call.op("Gather", call.reshape(call.tensor(source, call.dtype), [-1]), position,
+                     axis=0)
+    return call.op("Where", mask, call.reshape(picked, call.shape), x)
 
 
 @aten("index_select.default")
@@ -588,33 +703,175 @@ def _index_select(call: Call, x, dim, index):
     return call.reshape(picked, call.shape)
 
 
-@aten("index.Tensor", "_unsafe_index.Tensor")
-def _index(call: Call, x, indices):
-    """Advanced indexing: the index tensors broadcast together and pick elements with
-    GatherND from ``x`` with the indexed dimensions moved to the front. PyTorch places the
-    broadcast dimensions where the first indexed one was when the indexed dimensions are
-    adjacent, and in front otherwise."""
+@dataclass
+class Advanced:
+    """Advanced indexing ``x[indices]`` as GatherND and ScatterND see it: ``front`` is ``x``
+    with the indexed dimensions (``given``) moved to the front, ``where`` the index tensors
+    broadcast together (to ``common``) and stacked in a last dimension. PyTorch's
+    ``x[indices]`` has the broadcast dimensions in front too, except where the indexed
+    dimensions are adjacent and not the first: then they stay in their place (``inside``)."""
+    front: Tensor
+    where: Tensor
+    given: list[int]
+    common: list[Dim]
+
+    @property
+    def inside(self) -> bool:
+        first, last = self.given[0], self.given[-1]
+        return first > 0 and self.given == list(range(first, last + 1))
+
+    def torch_perm(self, rank: int) -> list[int]:
+        """GatherND's [broadcast..., before, after] as PyTorch's [before, broadcast...,
+        after] (for a rank-``rank`` result)."""
+        b, p = len(self.common), self.given[0]
+        return list(range(b, b + p)) + list(range(b)) + list(range(b + p, rank))
+
+
+def _advanced(call: Call, x: Tensor, indices: Sequence[Optional[Tensor]]) -> Advanced:
     given = [k for k, t in enumerate(indices) if t is not None]
     if any(indices[k].dtype == dtypes.boolean for k in given):
         raise UnsupportedOpError(f"{call.where}: indexing with a mask (its result's shape "
                                  "depends on the mask's contents)")
-    if len(given) == 1:
-        return call.op("Gather", x, indices[given[0]], axis=given[0])
     rest = [k for k in range(x.rank) if k not in given]
-    if given != list(range(len(given))):
-        x = call.op("Transpose", x, perm=given + rest)
+    front = x if given == list(range(len(given))) else \
+        call.op("Transpose", x, perm=given + rest)
     common = torch.broadcast_shapes(*(call.node.args[1][k].meta["val"].shape for k in given))
     common = [call.importer.dim(d) for d in common]
     columns = [call.op("Unsqueeze", call.op("Expand", indices[k], call.dims(common)),
                        call.ints([-1])) for k in given]
-    y = call.op("GatherND", x, call.op("Concat", *columns, axis=-1))
-    adjacent = given == list(range(given[0], given[-1] + 1))
-    if not adjacent or given[0] == 0:
+    return Advanced(front, call.op("Concat", *columns, axis=-1), given, common)
+
+
+@aten("index.Tensor", "_unsafe_index.Tensor")
+def _index(call: Call, x, indices):
+    """Advanced indexing: elements picked with GatherND (or Gather, for one index)."""
+    given = [k for k, t in enumerate(indices) if t is not None]
+    if len(given) == 1 and indices[given[0]].dtype != dtypes.boolean:
+        return call.op("Gather", x, indices[given[0]], axis=given[0])
+    advanced = _advanced(call, x, indices)
+    y = call.op("GatherND", advanced.front, advanced.where)
+    if not advanced.inside:
         return y
-    # [broadcast..., dims before, dims after] -> [dims before, broadcast..., dims after]
-    b, p = len(common), given[0]
-    perm = list(range(b, b + p)) + list(range(b)) + list(range(b + p, y.rank))
-    return call.op("Transpose", y, perm=perm)
+    return call.op("Transpose", y, perm=advanced.torch_perm(y.rank))
+
+
+@aten("index_put.default", "_unsafe_index_put.default")
+def _index_put(call: Call, x, indices, values, accumulate=False):
+    """``x`` with ``values`` written over (or, ``accumulate``, added to) ``x[indices]``:
+    ScatterND into ``x`` with the indexed dimensions in front, of the values broadcast to
+    ``x[indices]``'s shape and laid out as GatherND would have picked them."""
+    values = call.tensor(values, call.dtype)
+    if any(t is not None and t.dtype == dtypes.boolean for t in indices):
+        return _masked_put(call, x, indices, values, accumulate)
+    advanced = _advanced(call, x, indices)
+    kept = [x.shape[k] for k in range(x.rank) if k not in advanced.given]
+    p = advanced.given[0] if advanced.inside else 0
+    picked = kept[:p] + advanced.common + kept[p:]  # x[indices]'s shape
+    values = call.op("Expand", _leading(call, values, len(picked)), call.dims(picked))
+    if advanced.inside:
+        values = call.op("Transpose", values,
+                         perm=list(np.argsort(advanced.torch_perm(len(picked)))))
+    y = call.op("ScatterND", advanced.front, advanced.where, values,
+                reduction="add" if accumulate else "none")
+    if advanced.front is x:
+        return y
+    rest = [k for k in range(x.rank) if k not in advanced.given]
+    return call.op("Transpose", y, perm=list(np.argsort(advanced.given + rest)))
+
+
+def _leading(call: Call, values: Tensor, rank: int) -> Tensor:
+    """``values`` with size-1 dimensions added or taken away in front to make ``rank``
+    (PyTorch drops leading ones from the values an index assignment writes)."""
+    if values.rank <= rank:
+        return values
+    return call.reshape(values, list(values.shape[values.rank - rank:]))
+
+
+def _masked_put(call: Call, x: Tensor, indices, values: Tensor, accumulate: bool) -> Tensor:
+    """``x[mask] = values`` where the mask is the only index: how many positions it
+    selects depends on its contents, so the values must be the same at each of them, and
+    the write is a Where."""
+    given = [k for k, t in enumerate(indices) if t is not None]
+    if len(given) != 1:
+        raise UnsupportedOpError(f"{call.where}: a mask beside other index tensors")
+    p, mask = given[0], indices[given[0]]
+    after = x.rank - p - mask.rank
+    # Against x[mask]'s shape [*x.shape[:p], count, *x.shape[p + mask.rank:]].
+    values = _leading(call, values, p + 1 + after)
+    shape = [1] * (p + 1 + after - values.rank) + list(values.shape)
+    if shape[p] != 1:
+        raise UnsupportedOpError(f"{call.where}: writing {shape[p]} different values "
+                                 "through a mask (only one value per position is supported)")
+    values = call.reshape(values, shape[:p] + [1] * mask.rank + shape[p + 1:])
+    mask = call.reshape(mask, list(mask.shape) + [1] * after)
+    if not accumulate:
+        return call.op("Where", mask, values, x)
+    return call.op("Add", x, call.op("Where", mask, values, call.const(0, call.dtype)))
+
+
+@aten("take_along_dim.default")
+def _take_along_dim(call: Call, x, index, dim=None):
+    """GatherElements after broadcasting ``x`` and ``index`` in all but ``dim`` (without
+    one, along the flattened tensors)."""
+    if dim is None:
+        return call.op("Gather", call.reshape(x, [-1]), call.reshape(index, [-1]), axis=0)
+    dim %= x.rank
+    given = [list(call.arg_value(k).shape) for k in (0, 1)]
+    common = list(torch.broadcast_shapes(*(s[:dim] + [1] + s[dim + 1:] for s in given)))
+    x, index = (call.op("Expand", t, call.dims([call.importer.dim(d) for d in
+                                                 common[:dim] + [s[dim]] + common[dim + 1:]]))
+                for t, s in zip((x, index), given))
+    return call.op("GatherElements", x, index, axis=dim)
+
+
+@aten("diagonal.default", "diagonal_copy.default")
+def _diagonal(call: Call, x, offset=0, dim1=0, dim2=1):
+    """``x[..., i, i + offset]`` over ``dim1`` and ``dim2``, which become one last
+    dimension: GatherND of those two moved to the front."""
+    front, where, _ = _diagonal_front(call, x, offset, dim1, dim2, call.shape[-1])
+    y = call.op("GatherND", front, where)
+    return call.op("Transpose", y, perm=list(range(1, y.rank)) + [0])
+
+
+@aten("diagonal_scatter.default")
+def _diagonal_scatter(call: Call, x, src, offset=0, dim1=0, dim2=1):
+    """``x`` with ``src`` written over its diagonal: a write through ``x.diagonal()``."""
+    src = call.tensor(src, call.dtype)
+    front, where, perm = _diagonal_front(call, x, offset, dim1, dim2, src.shape[-1])
+    y = call.op("ScatterND", front, where,
+                call.op("Transpose", src, perm=[src.rank - 1] + list(range(src.rank - 1))))
+    return call.op("Transpose", y, perm=list(np.argsort(perm)))
+
+
+def _diagonal_front(call: Call, x: Tensor, offset: int, dim1: int, dim2: int,
+                    length: Dim) -> tuple[Tensor, Tensor, list[int]]:
+    """``x`` with ``dim1`` and ``dim2`` in front, the [length, 2] positions in them of its
+    diagonal, and the permutation that moved them."""
+    dim1, dim2 = dim1 % x.rank, dim2 % x.rank
+    perm = [dim1, dim2] + [d for d in range(x.rank) if d not in (dim1, dim2)]
+    step = _counting(call, length)
+    columns = [call.op("Unsqueeze", call.op("Add", step, call.const(start, dtypes.int64)),
+                       call.ints([-1])) for start in (max(-offset, 0), max(offset, 0))]
+    return (call.op("Transpose", x, perm=perm), call.op("Concat", *columns, axis=-1), perm)
+
+
+def _counting(call: Call, n: Dim) -> Tensor:
+    """The int64 vector 0, 1, ..., n - 1."""
+    if isinstance(n, int):
+        return call.ints(range(n))
+    end = call.op("Squeeze", call.dims([n]), call.ints([0]))
+    return call.op("Range", call.const(0, dtypes.int64), end, call.const(1, dtypes.int64))
+
+
+@aten("flip.default")
+def _flip(call: Call, x, dims):
+    axes = sorted({d % max(x.rank, 1) for d in dims})
+    if not axes or x.rank == 0:
+        return call.op("Identity", x)
+    # From the last element (-1) back past the first (an end below -size clamps to -1).
+    ends = [-INT64_MAX] * len(axes)
+    return call.op("Slice", x, call.ints([-1] * len(axes)), call.ints(ends), call.ints(axes),
+                   call.ints([-1] * len(axes)))
 
 
 @aten("gather.default")
@@ -643,6 +900,52 @@ def _cumsum(call: Call, x, dim, dtype=None):
     if y.rank == 0:  # a scalar is its own running sum
         return y if y is not x else call.op("Identity", x)
     return call.op("CumSum", y, call.const(dim, dtypes.int64))
+
+
+@aten("cumprod.default")
+def _cumprod(call: Call, x, dim, dtype=None):
+    """Running products as products over a triangle, ``y[i] = prod(x[j] for j <= i)``, of
+    ``x`` paired with itself along ``dim``: quadratic in its length, as CumSum's sums are."""
+    x = call.tensor(x, call.dtype)
+    if x.rank == 0:
+        return call.op("Identity", x)
+    dim %= x.rank
+    i, j = _pairs(call, x, dim)
+    picked = call.op("Where", call.op("LessOrEqual", j, i),
+                     call.op("Unsqueeze", x, call.ints([dim])), call.const(1, call.dtype))
+    return call.op("ReduceProd", picked, call.ints([dim + 1]), keepdims=0)
+
+
+def _pairs(call: Call, x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+    """The positions i and j along ``dim`` of ``x`` paired with itself, with i at ``dim``
+    and j at ``dim + 1``: int64 tensors [n, 1, 1...] and [1, n, 1...] that broadcast with
+    ``Unsqueeze(x, dim + 1)`` (element i) and ``Unsqueeze(x, dim)`` (element j)."""
+    positions = _counting(call, x.shape[dim])
+    after = [1] * (x.rank - dim - 1)
+    return (call.reshape(positions, [-1, 1] + after), call.reshape(positions, [1, -1] + after))
+
+
+@aten("sort.default", "sort.stable")
+def _sort(call: Call, x, *args, stable=None, dim=-1, descending=False):
+    if call.node.target is torch.ops.aten.sort.default:  # sort(x, dim, descending)
+        dim, descending = (list(args) + [dim, descending][len(args):])[:2]
+    return _top(call, x, None, dim, descending)
+
+
+@aten("topk.default")
+def _topk(call: Call, x, k, dim=-1, largest=True, sorted=True):
+    return _top(call, x, k, dim, largest)
+
+
+def _top(call: Call, x: Tensor, k, dim: int, largest: bool) -> tuple[Tensor, Tensor]:
+    """The ``k`` largest (or smallest) along ``dim``, all of them for k None, and where
+    they came from: TopK orders ties by index (a stable sort) and NaN above every number,
+    as PyTorch does."""
+    if x.rank == 0:
+        return call.op("Identity", x), call.const(0, dtypes.int64)
+    dim %= x.rank
+    count = call.dims([x.shape[dim] if k is None else k])
+    return tuple(call.op("TopK", x, count, outputs=2, axis=dim, largest=int(largest)))
 
 
 @aten("constant_pad_nd.default")
@@ -759,6 +1062,17 @@ aten("mean.dim", "mean.default")(_reduce("ReduceMean"))
 aten("amax.default")(_reduce("ReduceMax"))
 aten("amin.default")(_reduce("ReduceMin"))
 aten("prod.dim_int", "prod.default")(_reduce("ReduceProd"))
+
+
+@aten("any.default", "any.dim", "any.dims", "all.default", "all.dim", "all.dims")
+def _any(call: Call, x, dim=None, keepdim=False):
+    """Whether any (all) element is true (non-zero): the largest (smallest) of them as
+    0 or 1, where the reductions take no bools."""
+    flags = call.tensor(call.tensor(x, dtypes.boolean), dtypes.uint8)
+    if flags.rank:
+        op_type = "ReduceMax" if call.node.target._opname == "any" else "ReduceMin"
+        flags = call.op(op_type, flags, call.ints(_axes(flags, dim)), keepdims=int(keepdim))
+    return call.tensor(flags, call.dtype)
 
 
 @aten("max.dim", "min.dim")
@@ -1013,6 +1327,10 @@ def _attention(call: Call, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=Fal
                scale=None, enable_gqa=False):
     if dropout_p:
         raise UnsupportedOpError(f"{call.where}: attention dropout")
+    if q.rank == 3:  # [batch, length, features] as one head, where Attention would split
+        heads = [call.op("Unsqueeze", t, call.ints([0])) for t in (q, k, v)]
+        y = _attention(call, *heads, attn_mask, dropout_p, is_causal, scale=scale)
+        return call.op("Squeeze", y, call.ints([0]))
     if q.rank != 4:
         raise UnsupportedOpError(f"{call.where}: attention over rank-{q.rank} tensors")
     attrs = {"is_causal": int(is_causal)}
@@ -1141,6 +1459,84 @@ def _upsample(call: Call, x, output_size, *args):
         factors = call.const([1.0, 1.0] + [float(f) for f in scales], dtypes.float32)
         return call.op("Resize", x, None, factors, **attrs)
     return call.op("Resize", x, None, None, call.dims(list(call.shape)), **attrs)
+
+
+GRID_MODES = {0: "bilinear", 1: "nearest", 2: "bicubic"}
+GRID_PADDING = {0: "zeros", 1: "border", 2: "reflection"}
+
+
+@aten("grid_sampler_2d.default", "grid_sampler.default")
+def _grid_sample(call: Call, x, grid, mode, padding, align_corners):
+    """``F.grid_sample`` in 2-D: each output position reads ``x`` at its grid point, where
+    (-1, -1) is the top-left corner of the image (with ``align_corners``, the centre of its
+    top-left pixel): the four pixels around the point weighted bilinearly, or the nearest
+    one, each picked by GatherElements from the flattened image. A pixel outside the image
+    reads as zero; border padding first moves the point to the nearest edge."""
+    if mode not in (0, 1) or padding not in (0, 1) or x.rank != 4:
+        raise UnsupportedOpError(f"{call.where}: {GRID_MODES.get(mode, mode)} grid sampling "
+                                 f"with {GRID_PADDING.get(padding, padding)} padding of a "
+                                 f"rank-{x.rank} input")
+    size = x.shape[2:]
+    if not all(isinstance(d, int) for d in size):
+        raise UnsupportedOpError(f"{call.where}: grid sampling of symbolic sizes {size}")
+    px, py = (_grid_point(call, grid, axis, side, align_corners, padding == 1)
+              for axis, side in ((0, size[1]), (1, size[0])))
+    flat = call.reshape(x, [x.shape[0], x.shape[1], size[0] * size[1]])
+    if mode == 1:  # ties to even, as PyTorch's nearbyint
+        y = _grid_read(call, flat, call.op("Round", px), call.op("Round", py), size, None)
+    else:
+        one = call.const(1, grid.dtype)
+        x0, y0 = call.op("Floor", px), call.op("Floor", py)
+        reads = [_grid_read(call, flat, xa, ya, size, call.op(
+            "Mul", _tent(call, px, xa), _tent(call, py, ya)))
+            for xa in (x0, call.op("Add", x0, one)) for ya in (y0, call.op("Add", y0, one))]
+        y = call.op("Sum", *reads)
+    return call.reshape(y, call.shape)
+
+
+def _tent(call: Call, p: Tensor, pixel: Tensor) -> Tensor:
+    """The bilinear weight of a neighbouring ``pixel`` for a point at ``p``: 1 - |p - pixel|."""
+    return call.op("Sub", call.const(1, p.dtype), call.op("Abs", call.op("Sub", p, pixel)))
+
+
+def _grid_point(call: Call, grid: Tensor, axis: int, side: int, align_corners: bool,
+                border: bool) -> Tensor:
+    """The grid's coordinate ``axis`` (0: x, 1: y) as a position in pixels along an image
+    side of ``side`` pixels."""
+    g = call.op("Add", call.op("Gather", grid, call.const(axis, dtypes.int64), axis=3),
+                call.const(1, grid.dtype))
+    if align_corners:  # -1 and 1 are the centres of the first and last pixels
+        p = call.op("Mul", g, call.const((side - 1) / 2, grid.dtype))
+    else:  # they are the outer edges of those pixels
+        p = call.op("Sub", call.op("Mul", g, call.const(side / 2, grid.dtype)),
+                    call.const(0.5, grid.dtype))
+    if border:
+        p = call.op("Clip", p, call.const(0, grid.dtype), call.const(side - 1, grid.dtype))
+    return p
+
+
+def _grid_read(call: Call, flat: Tensor, px: Tensor, py: Tensor, size: Sequence[int],
+               weight: Optional[Tensor]) -> Tensor:
+    """The pixels of ``flat`` ([N, C, H * W], ``size`` (H, W)) at whole positions ``px``,
+    ``py`` ([N, Ho, Wo]), times ``weight``, as [N, C, Ho * Wo]; zero at positions outside."""
+    (h, w), dtype = size, px.dtype
+    tests = [call.op(op_type, p, call.const(bound, dtype))
+             for p, last in ((px, w - 1), (py, h - 1))
+             for op_type, bound in (("GreaterOrEqual", 0), ("LessOrEqual", last))]
+    inside = call.op("And", call.op("And", tests[0], tests[1]),
+                     call.op("And", tests[2], tests[3]))
+    column, row = (call.op("Clip", p, call.const(0, dtype), call.const(last, dtype))
+                   for p, last in ((px, w - 1), (py, h - 1)))
+    index = call.tensor(call.op("Add", call.op("Mul", row, call.const(w, dtype)), column),
+                        dtypes.int64)
+    n, c = flat.shape[:2]
+    count = math.prod(px.shape[1:])
+    index = call.op("Expand", call.reshape(index, [n, 1, count]), call.dims([n, c, count]))
+    value = call.op("GatherElements", flat, index, axis=2)
+    if weight is not None:
+        value = call.op("Mul", value, call.reshape(weight, [n, 1, count]))
+    return call.op("Where", call.reshape(inside, [n, 1, count]), value,
+                   call.const(0, flat.dtype))
 
 
 @aten("pixel_shuffle.default")

@@ -234,12 +234,31 @@ def from_exported(program: "torch.export.ExportedProgram", name: str = "module",
 def _functional(program: "torch.export.ExportedProgram") -> "torch.export.ExportedProgram":
     """``program`` without in-place ops: a write through a view becomes a scatter of the
     written values into a new copy of its base (``slice_scatter``), which later reads of
-    the base and of its views take. The empty table decomposes nothing, so composite ops
-    (``linear``, ``layer_norm``, attention) reach their converters whole. A program that
-    writes nothing is functional already and skips the retrace (a second for GPT-2)."""
-    if not any(_writes(node) for node in program.graph.nodes):
-        return program
-    return program.run_decompositions({})
+    the base and of its views take. Ops without a converter are decomposed by torch's own
+    table (``einsum``, ``roll``, ``trace``) until none is left that the table has; the
+    others stay, so composite ops (``linear``, ``layer_norm``, attention) reach their
+    converters whole. A program that writes nothing and has a converter for every op is
+    imported as exported (retracing takes a second for GPT-2)."""
+    writes = any(_writes(node) for node in program.graph.nodes)
+    decomposed: set = set()
+    table = _decompositions(program, decomposed)
+    while writes or table:
+        program, writes = program.run_decompositions(table), False
+        decomposed |= set(table)
+        table = _decompositions(program, decomposed)
+    return program
+
+
+def _decompositions(program: "torch.export.ExportedProgram", decomposed: set) -> dict:
+    """torch.export's decompositions of the program's ops that have no converter, but
+    none again that ``decomposed`` holds (a rule may give back the op it decomposes)."""
+    from treadle.frontend.aten import is_supported
+    missing = {node.target for node in program.graph.nodes
+               if node.op == "call_function" and not is_supported(node)} - decomposed
+    if not missing:
+        return {}
+    return {op: rule for op, rule in torch.export.default_decompositions().items()
+            if op in missing}
 
 
 def _writes(node: torch.fx.Node) -> bool:

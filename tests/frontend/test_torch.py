@@ -106,6 +106,21 @@ def test_module_with_symbolic_batch_runs_any_batch(tmp_path):
             _close(compiled(x), model(x))
 
 
+class RepeatBySize(torch.nn.Module):
+    def forward(self, x):
+        # DeBERTa-v2 repeats its relative positions as many times as the sequence is long.
+        return x.unsqueeze(0).repeat(x.shape[1], 1, 1) * 2.0
+
+
+def test_a_repeat_count_that_is_a_symbolic_size():
+    model = RepeatBySize().eval()
+    seq = torch.export.Dim("seq", min=2, max=64)
+    compiled = treadle.compile(model, torch.randn(3, 5), dynamic={"x": {1: seq}})
+    for length in (2, 7, 13):
+        x = torch.randn(3, length)
+        _close(compiled(x), model(x))
+
+
 class Decoder(torch.nn.Module):
     """Transposed convolutions as a U-Net's or a GAN's decoder has them: a stride-2
     upsampling, a grouped one with output padding, a stride-1 one to three channels."""

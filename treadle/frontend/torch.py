@@ -33,7 +33,7 @@ from treadle.graph.graph import Graph
 from treadle.graph.tensor import Dim, Tensor, constant
 from treadle.ir import dtypes
 from treadle.ir.dtypes import DataType, index_type
-from treadle.ir.expr import Var, as_expr, maximum, minimum
+from treadle.ir.expr import Expr, Var, as_expr, maximum, minimum
 
 # Nodes that only check or annotate: they produce nothing a computation reads.
 CHECKS = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size",
@@ -110,7 +110,10 @@ def size_expr(expr, names: Mapping[str, str]) -> Dim:
 
 
 def as_dim(value, names: Mapping[str, str]) -> Dim:
-    """An int or SymInt as a treadle dimension."""
+    """An int or SymInt as a treadle dimension (which a size another node computed is
+    already)."""
+    if isinstance(value, Expr):
+        return value
     if isinstance(value, torch.SymInt):
         from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
         constant_value = value.node.maybe_as_int()

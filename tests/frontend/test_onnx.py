@@ -361,6 +361,26 @@ def test_a_reshape_target_mixing_a_float_computed_constant_and_a_symbolic_size()
     assert_close(treadle.compile(model)(x)[0], run_onnxruntime(model, {"x": x})[0])
 
 
+def test_a_reshape_target_computed_in_float_from_a_static_size():
+    """MobileViT's TorchScript export: ceil(h / 2) in float, h a static size read through
+    Shape of an input whose batch is symbolic; folded from h's known value."""
+    nodes = [helper.make_node("Shape", ["x"], ["dims"]),
+             helper.make_node("Gather", ["dims", "two"], ["h"]),
+             helper.make_node("Cast", ["h"], ["h_f"], to=TensorProto.FLOAT),
+             helper.make_node("Div", ["h_f", "f2"], ["half"]),
+             helper.make_node("Ceil", ["half"], ["up"]),
+             helper.make_node("Cast", ["up"], ["patches"], to=TensorProto.INT64),
+             helper.make_node("Concat", ["minus1", "patches"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    model = make_model(nodes, [tensor("x", ["n", 3, 7, 8])], [tensor("y", None)],
+                       {"two": np.array([2], np.int64), "f2": np.float32(2),
+                        "minus1": np.array([-1], np.int64)})
+    compiled = treadle.compile(model)
+    for n in (1, 3):
+        x = random_array((n, 3, 7, 8), seed=n)
+        assert_close(compiled(x)[0], run_onnxruntime(model, {"x": x})[0])
+
+
 def test_a_bicubic_resize_to_the_same_size_copies_its_input():
     """Dinov2 resizes its position embeddings bicubically to the grid they were trained
     at; a cubic resize to another size is still refused, naming the node."""

@@ -16,7 +16,7 @@ from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator
 from treadle.graph.partition import CHECKING
 from treadle.graph.rewrite import reapply, rewrite_graph
-from treadle.graph.tensor import MAX_KNOWN, Tensor
+from treadle.graph.tensor import MAX_KNOWN, Tensor, constant
 
 MAX_FOLD_BYTES = 256 << 20
 
@@ -49,19 +49,26 @@ def small_contents(t: Tensor) -> Optional[np.ndarray]:
         return t.data
     if t.value is not None and all(isinstance(v, int) for v in t.value):
         return np.array(t.value, t.dtype.numpy).reshape(t.shape)
-    if not (t.is_static and int(np.prod(t.shape)) <= MAX_KNOWN and _from_constants(t)):
+    leaves: dict[int, Tensor] = {}
+    if not (t.is_static and int(np.prod(t.shape)) <= MAX_KNOWN and _from_known(t, leaves)):
         return None
-    data = _run([t])[0]
+    data = _run([t], list(leaves.values()))[0]
     if t.dtype.is_integer or t.dtype.is_bool:
         t.value = tuple(v.item() for v in data.reshape(-1))
     return data
 
 
-def _from_constants(t: Tensor) -> bool:
+def _from_known(t: Tensor, leaves: dict[int, Tensor]) -> bool:
+    """Whether ``t`` is computed from constants and from tensors whose contents are known
+    ints (a static size read through Shape, then halved in float: MobileViT's patch
+    count), which ``leaves`` collects."""
     if t.is_constant:
         return True
+    if _known_ints(t):
+        leaves[id(t)] = t
+        return True
     return t.producer is not None and all(
-        _from_constants(x) for x in t.producer.inputs if x is not None)
+        _from_known(x, leaves) for x in t.producer.inputs if x is not None)
 
 
 def _known_ints(t: Tensor) -> bool:
@@ -77,6 +84,26 @@ def _bytes(tensors: Sequence[Tensor]) -> int:
     return sum(int(np.prod(t.shape)) * t.dtype.numpy.itemsize for t in tensors)
 
 
-def _run(outputs: Sequence[Tensor]) -> list[np.ndarray]:
+def _run(outputs: Sequence[Tensor], known: Sequence[Tensor] = ()) -> list[np.ndarray]:
+    """``outputs`` computed from constants, and from the ``known`` tensors' contents."""
     from treadle.compiler import compile_graph
+    if known:
+        outputs = _over_constants(outputs, known)
     return compile_graph(Graph.from_outputs([], list(outputs), "fold"), optimize_graph=False)()
+
+
+def _over_constants(outputs: Sequence[Tensor], known: Sequence[Tensor]) -> list[Tensor]:
+    """``outputs`` computed again with the ``known`` tensors as constants of their
+    contents, so that nothing before them is computed."""
+    copies = {id(t): constant(np.array(t.value, t.dtype.numpy).reshape(t.shape), t.name,
+                              t.dtype) for t in known}
+
+    def copy(t: Tensor) -> Tensor:
+        if t.is_constant:
+            return t
+        if id(t) not in copies:
+            op = t.producer
+            inputs = [None if x is None else copy(x) for x in op.inputs]
+            copies[id(t)] = reapply(op, inputs)[op.outputs.index(t)]
+        return copies[id(t)]
+    return [copy(t) for t in outputs]

@@ -894,35 +894,13 @@ def _triangle(call: Call, x, diagonal=0):
     return call.op("Trilu", x, call.const(diagonal, dtypes.int64), upper=upper)
 
 
-@aten("cumsum.default")
-def _cumsum(call: Call, x, dim, dtype=None):
+@aten("cumsum.default", "cumprod.default")
+def _running(call: Call, x, dim, dtype=None):
     y = call.tensor(x, call.dtype)
-    if y.rank == 0:  # a scalar is its own running sum
+    if y.rank == 0:  # a scalar is its own running sum and product
         return y if y is not x else call.op("Identity", x)
-    return call.op("CumSum", y, call.const(dim, dtypes.int64))
-
-
-@aten("cumprod.default")
-def _cumprod(call: Call, x, dim, dtype=None):
-    """Running products as products over a triangle, ``y[i] = prod(x[j] for j <= i)``, of
-    ``x`` paired with itself along ``dim``: quadratic in its length, as CumSum's sums are."""
-    x = call.tensor(x, call.dtype)
-    if x.rank == 0:
-        return call.op("Identity", x)
-    dim %= x.rank
-    i, j = _pairs(call, x, dim)
-    picked = call.op("Where", call.op("LessOrEqual", j, i),
-                     call.op("Unsqueeze", x, call.ints([dim])), call.const(1, call.dtype))
-    return call.op("ReduceProd", picked, call.ints([dim + 1]), keepdims=0)
-
-
-def _pairs(call: Call, x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
-    """The positions i and j along ``dim`` of ``x`` paired with itself, with i at ``dim``
-    and j at ``dim + 1``: int64 tensors [n, 1, 1...] and [1, n, 1...] that broadcast with
-    ``Unsqueeze(x, dim + 1)`` (element i) and ``Unsqueeze(x, dim)`` (element j)."""
-    positions = _counting(call, x.shape[dim])
-    after = [1] * (x.rank - dim - 1)
-    return (call.reshape(positions, [-1, 1] + after), call.reshape(positions, [1, -1] + after))
+    op = "CumSum" if call.node.target is torch.ops.aten.cumsum.default else "CumProd"
+    return call.op(op, y, call.const(dim, dtypes.int64))
 
 
 @aten("sort.default", "sort.stable")

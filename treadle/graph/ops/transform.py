@@ -609,8 +609,9 @@ def trilu(ctx: OpContext):
     return [compute("y", shape, element)]
 
 
-@register("CumSum")
-def cumsum(ctx: OpContext):
+def _running(ctx: OpContext, op: str):
+    """CumSum and CumProd: each element combines those before it along the axis (after
+    it with ``reverse``, itself left out with ``exclusive``)."""
     x, shape = ctx.input(0), _dims(ctx, 0)
     axis = normalize_axis(ctx, known_scalar(ctx, 1, "axis"), len(shape))
     exclusive, backward = ctx.attr("exclusive", 0), ctx.attr("reverse", 0)
@@ -621,8 +622,18 @@ def cumsum(ctx: OpContext):
             included = r > i[axis] if exclusive else r >= i[axis]
         else:
             included = r < i[axis] if exclusive else r <= i[axis]
-        return select(included, x[(*i[:axis], r, *i[axis + 1:])], Const(0, x.dtype))
-    return [reduce("y", shape, [shape[axis]], element, "sum")]
+        return select(included, x[(*i[:axis], r, *i[axis + 1:])], identity_of(op, x.dtype))
+    return [reduce("y", shape, [shape[axis]], element, op)]
+
+
+@register("CumSum")
+def cumsum(ctx: OpContext):
+    return _running(ctx, "sum")
+
+
+@register("CumProd")
+def cumprod(ctx: OpContext):
+    return _running(ctx, "prod")
 
 
 # Scatter: out[i] is data[i], replaced by (reduction "none") or combined with every update

@@ -1445,76 +1445,10 @@ GRID_PADDING = {0: "zeros", 1: "border", 2: "reflection"}
 
 @aten("grid_sampler_2d.default", "grid_sampler.default")
 def _grid_sample(call: Call, x, grid, mode, padding, align_corners):
-    """``F.grid_sample`` in 2-D: each output position reads ``x`` at its grid point, where
-    (-1, -1) is the top-left corner of the image (with ``align_corners``, the centre of its
-    top-left pixel): the four pixels around the point weighted bilinearly, or the nearest
-    one, each picked by GatherElements from the flattened image. A pixel outside the image
-    reads as zero; border padding first moves the point to the nearest edge."""
-    if mode not in (0, 1) or padding not in (0, 1) or x.rank != 4:
-        raise UnsupportedOpError(f"{call.where}: {GRID_MODES.get(mode, mode)} grid sampling "
-                                 f"with {GRID_PADDING.get(padding, padding)} padding of a "
-                                 f"rank-{x.rank} input")
-    size = x.shape[2:]
-    if not all(isinstance(d, int) for d in size):
-        raise UnsupportedOpError(f"{call.where}: grid sampling of symbolic sizes {size}")
-    px, py = (_grid_point(call, grid, axis, side, align_corners, padding == 1)
-              for axis, side in ((0, size[1]), (1, size[0])))
-    flat = call.reshape(x, [x.shape[0], x.shape[1], size[0] * size[1]])
-    if mode == 1:  # ties to even, as PyTorch's nearbyint
-        y = _grid_read(call, flat, call.op("Round", px), call.op("Round", py), size, None)
-    else:
-        one = call.const(1, grid.dtype)
-        x0, y0 = call.op("Floor", px), call.op("Floor", py)
-        reads = [_grid_read(call, flat, xa, ya, size, call.op(
-            "Mul", _tent(call, px, xa), _tent(call, py, ya)))
-            for xa in (x0, call.op("Add", x0, one)) for ya in (y0, call.op("Add", y0, one))]
-        y = call.op("Sum", *reads)
-    return call.reshape(y, call.shape)
-
-
-def _tent(call: Call, p: Tensor, pixel: Tensor) -> Tensor:
-    """The bilinear weight of a neighbouring ``pixel`` for a point at ``p``: 1 - |p - pixel|."""
-    return call.op("Sub", call.const(1, p.dtype), call.op("Abs", call.op("Sub", p, pixel)))
-
-
-def _grid_point(call: Call, grid: Tensor, axis: int, side: int, align_corners: bool,
-                border: bool) -> Tensor:
-    """The grid's coordinate ``axis`` (0: x, 1: y) as a position in pixels along an image
-    side of ``side`` pixels."""
-    g = call.op("Add", call.op("Gather", grid, call.const(axis, dtypes.int64), axis=3),
-                call.const(1, grid.dtype))
-    if align_corners:  # -1 and 1 are the centres of the first and last pixels
-        p = call.op("Mul", g, call.const((side - 1) / 2, grid.dtype))
-    else:  # they are the outer edges of those pixels
-        p = call.op("Sub", call.op("Mul", g, call.const(side / 2, grid.dtype)),
-                    call.const(0.5, grid.dtype))
-    if border:
-        p = call.op("Clip", p, call.const(0, grid.dtype), call.const(side - 1, grid.dtype))
-    return p
-
-
-def _grid_read(call: Call, flat: Tensor, px: Tensor, py: Tensor, size: Sequence[int],
-               weight: Optional[Tensor]) -> Tensor:
-    """The pixels of ``flat`` ([N, C, H * W], ``size`` (H, W)) at whole positions ``px``,
-    ``py`` ([N, Ho, Wo]), times ``weight``, as [N, C, Ho * Wo]; zero at positions outside."""
-    (h, w), dtype = size, px.dtype
-    tests = [call.op(op_type, p, call.const(bound, dtype))
-             for p, last in ((px, w - 1), (py, h - 1))
-             for op_type, bound in (("GreaterOrEqual", 0), ("LessOrEqual", last))]
-    inside = call.op("And", call.op("And", tests[0], tests[1]),
-                     call.op("And", tests[2], tests[3]))
-    column, row = (call.op("Clip", p, call.const(0, dtype), call.const(last, dtype))
-                   for p, last in ((px, w - 1), (py, h - 1)))
-    index = call.tensor(call.op("Add", call.op("Mul", row, call.const(w, dtype)), column),
-                        dtypes.int64)
-    n, c = flat.shape[:2]
-    count = math.prod(px.shape[1:])
-    index = call.op("Expand", call.reshape(index, [n, 1, count]), call.dims([n, c, count]))
-    value = call.op("GatherElements", flat, index, axis=2)
-    if weight is not None:
-        value = call.op("Mul", value, call.reshape(weight, [n, 1, count]))
-    return call.op("Where", call.reshape(inside, [n, 1, count]), value,
-                   call.const(0, flat.dtype))
+    """``F.grid_sample``: ONNX's GridSample, whose modes and paddings torch numbers."""
+    return call.op("GridSample", x, grid, mode=GRID_MODES.get(mode, str(mode)),
+                   padding_mode=GRID_PADDING.get(padding, str(padding)),
+                   align_corners=int(align_corners))
 
 
 @aten("pixel_shuffle.default")

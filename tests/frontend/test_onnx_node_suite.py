@@ -71,13 +71,15 @@ CURATED = (
     "test_gather_0", "test_gather_1", "test_gather_2d_indices", "test_gather_negative_indices",
     "test_split_equal_parts_1d_opset13", "test_split_equal_parts_2d_opset13",
     "test_split_1d_uneven_split_opset18", "test_split_2d_uneven_split_opset18",
-    # selection, running products, sampling
+    # selection, running products, sampling, einsum
     "test_top_k", "test_top_k_negative_axis", "test_top_k_same_values",
     "test_top_k_same_values_2d", "test_top_k_same_values_largest", "test_top_k_smallest",
     "test_top_k_uint64", "test_cumprod_1d_reverse_exclusive", "test_cumprod_2d_axis_1",
     "test_cumprod_2d_int32", "test_gridsample", "test_gridsample_border_padding",
     "test_gridsample_bilinear_align_corners_0_additional_1",
-    "test_gridsample_nearest_align_corners_1_additional_1",
+    "test_gridsample_nearest_align_corners_1_additional_1", "test_einsum_batch_diagonal",
+    "test_einsum_batch_matmul", "test_einsum_inner_prod", "test_einsum_sum",
+    "test_einsum_transpose",
     # inputs whose contents decide shapes (compiled per content), contents computed from
     # constants in float arithmetic, half precision rounded per operation
     "test_reduce_sum_keepdims_random", "test_reshape_reordered_all_dims", "test_constant_pad",

@@ -79,6 +79,15 @@ def _dinov2():
         image_size=32, patch_size=8)), ["pixel_values"]
 
 
+def _mistral():
+    # At opset 23 the exporter writes its rotary embeddings as RotaryEmbedding nodes, with
+    # caches of batch 1 for every batch (which ONNX Runtime 1.32 refuses).
+    return transformers.MistralModel(transformers.MistralConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        use_cache=False)), TOKENS
+
+
 ARCHITECTURES = {"bert": _bert, "gpt2": _gpt2, "llama": _llama, "t5": _t5, "vit": _vit,
                  "swin": _swin, "deberta_v2": _deberta_v2, "dinov2": _dinov2}
 
@@ -152,3 +161,26 @@ def test_exported_architecture_matches_onnxruntime(tmp_path, name, opset):
         expected = run_onnxruntime(onnx.load(path), feeds)[0]
         if not np.allclose(actual, expected, rtol=1e-4, atol=1e-4):
             pytest.fail(f"{name}, batch {batch}, seq {seq}:\n{treadle.check(path, feeds)}")
+
+
+@pytest.mark.slow  # 15-25 s of export; tests/graph/ops/test_rotary.py checks the operator
+def test_rotary_embeddings_at_opset_23_match_eager(tmp_path):
+    """With dynamic axes, the exporter writes RotaryEmbedding nodes at opset 23."""
+    pytest.importorskip("onnxscript")
+    path = tmp_path / "mistral.onnx"
+    torch.manual_seed(0)
+    model, names = _mistral()
+    module = _Positional(model.eval(), names)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, _inputs(names, 2, 9, seed=0), str(path), dynamo=True,
+                          input_names=names, output_names=["out"], opset_version=23,
+                          dynamic_shapes=(({0: "batch", 1: "seq"},) * len(names),))
+    assert "RotaryEmbedding" in {n.op_type for n in onnx.load(path).graph.node}
+    compiled = treadle.compile(path)
+    for batch, seq in [(2, 9), (3, 13)]:
+        feeds = _inputs(names, batch, seq, seed=batch)
+        with torch.no_grad():
+            expected = module(*feeds).numpy()
+        np.testing.assert_allclose(compiled(*(t.numpy() for t in feeds))[0], expected,
+                                   rtol=1e-4, atol=1e-4)

@@ -64,6 +64,18 @@ def test_matches_onnxruntime(x_shape, rotated, interleaved, positions, heads):
                      context=f"seq={seq}")
 
 
+def test_caches_of_batch_1_broadcast():
+    """Exporters write caches [1, seq, dim / 2] for every batch (ONNX Runtime refuses
+    them): the result equals that of caches repeated to the batch."""
+    model = rope_model([3, 2, "seq", 8], [1, "seq", 4], False)
+    feeds = feeds_for((3, 2, 7, 8), 4, False)
+    for name in ("cos", "sin"):
+        feeds[name] = feeds[name][:1]
+    repeated = dict(feeds, cos=np.repeat(feeds["cos"], 3, 0), sin=np.repeat(feeds["sin"], 3, 0))
+    reference = rope_model([3, 2, "seq", 8], [3, "seq", 4], False)
+    assert_close(treadle.compile(model)(**feeds)[0], run_onnxruntime(reference, repeated)[0])
+
+
 def test_a_position_past_the_cache_reads_inside_it():
     """An index out of range is clamped (no read outside the cache), as gathers are."""
     model = rope_model([1, 1, 3, 4], [POSITIONS, 2], True)
@@ -81,6 +93,11 @@ def test_bad_attributes_name_the_node(attrs, cache, message):
     model = rope_model([1, 2, 3, 8], cache, True, **attrs)
     with pytest.raises(ShapeError, match=f"rope.*{message}"):
         treadle.compile(model)
+
+
+def test_caches_that_do_not_cover_the_batch_are_refused():
+    with pytest.raises(ShapeError, match="rope.*cannot be broadcast"):
+        treadle.compile(rope_model([3, 2, 5, 8], [2, 5, 4], False))
 
 
 def test_a_3d_input_needs_its_number_of_heads():

@@ -15,7 +15,7 @@ X is 4-D (batch, heads, seq, head size) or 3-D (batch, seq, heads · head size, 
 from __future__ import annotations
 
 from treadle.graph.operator import OpContext, register
-from treadle.graph.ops.common import same_dtype
+from treadle.graph.ops.common import broadcast_index, broadcast_shape, same_dtype
 from treadle.graph.ops.transform import _dims, _index
 from treadle.graph.tensor import normalize_dim
 from treadle.ir.compute import compute
@@ -28,6 +28,7 @@ def rotary_embedding(ctx: OpContext):
     cos, sin = ctx.input(1), ctx.input(2)
     same_dtype(ctx, x, cos, sin)
     head, split = _head_size(ctx, shape)
+    lines = [shape[0], shape[2] if len(shape) == 4 else shape[1]]  # batch, sequence
     rotated = ctx.attr("rotary_embedding_dim", 0) or head
     if rotated % 2 or rotated > head:
         raise ctx.error(f"rotary_embedding_dim {rotated} must be even and at most the head "
@@ -40,14 +41,24 @@ def rotary_embedding(ctx: OpContext):
             raise ctx.error(f"input {k} (the {'cos' if k == 1 else 'sin'} cache) must be "
                             f"{cache_rank}-D with a last dimension of {half}, got "
                             f"[{', '.join(map(str, cache.shape))}]")
+    if [normalize_dim(d) for d in cos.shape] != [normalize_dim(d) for d in sin.shape]:
+        cos_text, sin_text = (", ".join(map(str, c.shape)) for c in (cos, sin))
+        raise ctx.error(f"the cos and sin caches differ in shape: [{cos_text}] and "
+                        f"[{sin_text}]")
+    # Per (batch, token): the position ids, or without them the caches; a size 1
+    # broadcasts (exporters write caches of batch 1).
+    per_line = [positions] if positions is not None else [cos, sin]
+    for b in per_line:
+        if b.rank != 2 + (positions is None) or list(broadcast_shape(
+                ctx, lines, b.shape[:2])) != [normalize_dim(d) for d in lines]:
+            raise ctx.error(f"[{', '.join(map(str, b.shape))}] does not broadcast to the "
+                            f"batch and sequence [{', '.join(map(str, lines))}]")
     interleaved = bool(ctx.attr("interleaved", 0))
 
     def element(*i) -> Expr:
         batch, token, d, at = split(i)
-        if positions is not None:
-            row = (_index(positions[batch, token], cos.shape[0]),)
-        else:
-            row = (batch, token)
+        line = broadcast_index(per_line[0].shape[:2], (batch, token), lines)
+        row = (_index(positions[line], cos.shape[0]),) if positions is not None else line
         pair = d // 2 if interleaved else select(d < half, d, d - half)
         first = eq(d % 2, 0) if interleaved else d < half
         x1 = x[at(pair * 2 if interleaved else pair)]

@@ -36,12 +36,15 @@ def _gpt2():
         vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64, use_cache=False)), TOKENS
 
 
+# A LLaMA-style decoder's sizes, for LLaMA and Mistral alike.
+DECODER = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+               use_cache=False)
+
+
 def _llama():
     # Rotary embeddings, RMSNorm, grouped-query attention, SiLU-gated MLP.
-    return transformers.LlamaModel(transformers.LlamaConfig(
-        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        use_cache=False)), TOKENS
+    return transformers.LlamaModel(transformers.LlamaConfig(**DECODER)), TOKENS
 
 
 def _t5():
@@ -82,10 +85,7 @@ def _dinov2():
 def _mistral():
     # At opset 23 the exporter writes its rotary embeddings as RotaryEmbedding nodes, with
     # caches of batch 1 for every batch (which ONNX Runtime 1.32 refuses).
-    return transformers.MistralModel(transformers.MistralConfig(
-        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        use_cache=False)), TOKENS
+    return transformers.MistralModel(transformers.MistralConfig(**DECODER)), TOKENS
 
 
 ARCHITECTURES = {"bert": _bert, "gpt2": _gpt2, "llama": _llama, "t5": _t5, "vit": _vit,

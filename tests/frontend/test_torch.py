@@ -202,6 +202,24 @@ def test_unsupported_op_splits_the_graph_with_one_warning(fresh_dynamo):
     assert len(messages) == 1 and "aten.logcumsumexp" in messages[0]
 
 
+class Decomposable(torch.nn.Module):
+    def forward(self, x):
+        # Ops without converters that torch decomposes into ops with converters.
+        return (torch.roll(x, 2, 1) + torch.diag_embed(x[:, 0]).sum(-1)[:, None, :]
+                + torch.trace(x[0, :3, :3]))
+
+
+def test_the_backend_decomposes_ops_it_has_no_converter_for(fresh_dynamo):
+    model = Decomposable().eval()
+    x = torch.randn(3, 7, 5)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        result = torch.compile(model, backend="treadle")(x)
+        expected = model(x)
+    _close(result, expected)
+    assert not [w for w in caught if "treadle runs" in str(w.message)]
+
+
 def test_unsupported_op_through_compile_names_the_node():
     with pytest.raises(UnsupportedOpError, match="logcumsumexp"):
         treadle.compile(WithLogCumSumExp().eval(), torch.randn(3, 6))

@@ -15,7 +15,7 @@ import math
 import operator
 import re
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Collection, Optional, Sequence
 
 import numpy as np
 import torch
@@ -173,6 +173,15 @@ def is_supported(node: torch.fx.Node) -> bool:
             or node.target is torch.ops.aten.sym_size.int:
         return True  # size arithmetic
     return node.target in TABLE or _custom_converter(node.target) is not None
+
+
+def decompositions(among: Optional[Collection] = None) -> dict:
+    """torch's own decompositions (``torch.export.default_decompositions``) of the ATen
+    operators without a converter, of those in ``among`` where given: applied before
+    import, they turn einsum, roll or trace into operators that have one."""
+    return {op: rule for op, rule in torch.export.default_decompositions().items()
+            if (among is None or op in among) and op not in TABLE
+            and _custom_converter(op) is None}
 
 
 def _custom_converter(target) -> Optional[Converter]:

@@ -48,25 +48,18 @@ def treadle_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                       "torch.inference_mode() to compile it.", stacklevel=2)
         return gm.forward
     from torch._dynamo.backends.common import aot_autograd
+    from treadle.frontend.aten import decompositions
     traced: dict = {}
     compile_forward = functools.partial(_forward, options=options, traced=traced)
     with _preserved(PRESERVED):
+        # Ops without a converter reach treadle decomposed (roll, trace), not in eager.
         compiled = aot_autograd(fw_compiler=compile_forward,
-                                decompositions=_decompositions())(gm, example_inputs)
+                                decompositions=decompositions())(gm, example_inputs)
     if _plain(traced.get("metadata"), traced.get("runner"), len(example_inputs)):
         # AOTAutograd's wrapper would only pass the arguments through, with Python work
         # per argument, and dynamo passes every weight (MobileNetV2: 262 of them).
         return traced["runner"].direct
     return compiled
-
-
-def _decompositions() -> dict:
-    """torch.export's decompositions of the ATen ops treadle has no converter for (roll,
-    trace, diag_embed), so that they reach treadle as ops it converts rather than run in
-    eager; ops with a converter stay whole."""
-    from treadle.frontend.aten import TABLE
-    return {op: rule for op, rule in torch.export.default_decompositions().items()
-            if op not in TABLE}
 
 
 # Composite ops AOTAutograd would decompose into gathers (``_unsafe_index``) that treadle

@@ -255,13 +255,10 @@ def _functional(program: "torch.export.ExportedProgram") -> "torch.export.Export
 def _decompositions(program: "torch.export.ExportedProgram", decomposed: set) -> dict:
     """torch.export's decompositions of the program's ops that have no converter, but
     none again that ``decomposed`` holds (a rule may give back the op it decomposes)."""
-    from treadle.frontend.aten import is_supported
+    from treadle.frontend.aten import decompositions, is_supported
     missing = {node.target for node in program.graph.nodes
                if node.op == "call_function" and not is_supported(node)} - decomposed
-    if not missing:
-        return {}
-    return {op: rule for op, rule in torch.export.default_decompositions().items()
-            if op in missing}
+    return decompositions(missing) if missing else {}
 
 
 def _writes(node: torch.fx.Node) -> bool:

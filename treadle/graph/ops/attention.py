@@ -31,7 +31,7 @@ import math
 
 from treadle.errors import DTypeError
 from treadle.graph.operator import OpContext, register
-from treadle.graph.ops.common import broadcast_index, onnx_dtype, same_dtype
+from treadle.graph.ops.common import broadcast_index, onnx_dtype, same_dtype, static_dim
 from treadle.graph.ops.reduce import accumulator
 from treadle.graph.tensor import normalize_dim
 from treadle.ir import dtypes
@@ -41,13 +41,6 @@ from treadle.ir.expr import (Buffer, Const, Expr, as_expr, call, cast, eq, logic
 
 # qk_matmul_output_mode: which intermediate the fourth output holds.
 _QK_RAW, _QK_SOFTCAP, _QK_BIAS, _QK_SOFTMAX = 0, 1, 2, 3
-
-
-def _static(ctx: OpContext, dim, what: str) -> int:
-    d = normalize_dim(dim)
-    if not isinstance(d, int):
-        raise ctx.unsupported(f"{what} must be known when compiling, got {d}")
-    return d
 
 
 class _Heads:
@@ -60,7 +53,7 @@ class _Heads:
         elif x.rank == 3:
             if heads is None or heads < 1:
                 raise ctx.error(f"{what} is 3-D, so q_num_heads and kv_num_heads are required")
-            hidden = _static(ctx, x.shape[2], f"the hidden size of {what}")
+            hidden = static_dim(ctx, x.shape[2], f"the hidden size of {what}")
             if hidden % heads:
                 raise ctx.error(f"{what}'s hidden size {hidden} is not a multiple of its "
                                 f"{heads} heads")
@@ -114,12 +107,12 @@ def attention(ctx: OpContext):
     key, length, present_key = _concat_past(ctx, k, 4, "key")
     value, _, present_value = _concat_past(ctx, v, 5, "value")
 
-    head_size = _static(ctx, q.size, "the head size of Q")
-    if _static(ctx, k.size, "the head size of K") != head_size:
+    head_size = static_dim(ctx, q.size, "the head size of Q")
+    if static_dim(ctx, k.size, "the head size of K") != head_size:
         raise ctx.error(f"Q and K head sizes differ: {head_size} vs {k.size}")
-    hq = _static(ctx, q.heads, "the number of query heads")
-    hkv = _static(ctx, k.heads, "the number of key heads")
-    if _static(ctx, v.heads, "the number of value heads") != hkv:
+    hq = static_dim(ctx, q.heads, "the number of query heads")
+    hkv = static_dim(ctx, k.heads, "the number of key heads")
+    if static_dim(ctx, v.heads, "the number of value heads") != hkv:
         raise ctx.error(f"K and V have different numbers of heads: {hkv} vs {v.heads}")
     if hq % hkv:
         raise ctx.error(f"{hq} query heads are not a multiple of {hkv} key/value heads")
@@ -204,7 +197,7 @@ def attention(ctx: OpContext):
     def weighted(b, h, i, e, j):
         return cast(probs[b, h, i, j], work) * cast(value(b, h // group, j, e), work)
     if q.split:
-        v_size = _static(ctx, v.size, "the head size of V")
+        v_size = static_dim(ctx, v.size, "the head size of V")
         total_y = reduce("attention_sum", [batch, seq, hq * v_size], [length],
                          lambda b, i, c, j: weighted(b, c // v_size, i, c % v_size, j))
     else:

@@ -101,3 +101,11 @@ def normalize_axes(ctx: OpContext, axes: Sequence[int], rank: int) -> list[int]:
     if len(set(result)) != len(result):
         raise ctx.error(f"repeated axes {list(axes)}")
     return result
+
+
+def static_dim(ctx: OpContext, dim, what: str) -> int:
+    """``dim`` as an int, which the operator needs when compiling (a head size)."""
+    d = normalize_dim(dim)
+    if not isinstance(d, int):
+        raise ctx.unsupported(f"{what} must be known when compiling, got {d}")
+    return d

@@ -15,7 +15,7 @@ X is 4-D (batch, heads, seq, head size) or 3-D (batch, seq, heads · head size, 
 from __future__ import annotations
 
 from treadle.graph.operator import OpContext, register
-from treadle.graph.ops.common import broadcast_index, broadcast_shape, same_dtype
+from treadle.graph.ops.common import broadcast_index, broadcast_shape, same_dtype, static_dim
 from treadle.graph.ops.transform import _dims, _index
 from treadle.graph.tensor import normalize_dim
 from treadle.ir.compute import compute
@@ -75,10 +75,10 @@ def _head_size(ctx: OpContext, shape: list):
     if len(shape) == 4:
         def split4(i):
             return i[0], i[2], i[3], lambda d: (i[0], i[1], i[2], d)
-        return _static(ctx, shape[3]), split4
+        return static_dim(ctx, shape[3], "the head size"), split4
     if len(shape) != 3:
         raise ctx.error(f"X must be 3-D or 4-D, got rank {len(shape)}")
-    heads, hidden = ctx.attr("num_heads", 0), _static(ctx, shape[2])
+    heads, hidden = ctx.attr("num_heads", 0), static_dim(ctx, shape[2], "the hidden size")
     if heads <= 0 or hidden % heads:
         raise ctx.error(f"a 3-D X needs num_heads dividing its hidden size {hidden}, got "
                         f"{heads}")
@@ -88,10 +88,3 @@ def _head_size(ctx: OpContext, shape: list):
         start = i[2] // head * head
         return i[0], i[1], i[2] % head, lambda d: (i[0], i[1], start + as_expr(d))
     return head, split3
-
-
-def _static(ctx: OpContext, dim) -> int:
-    dim = normalize_dim(dim)
-    if not isinstance(dim, int):
-        raise ctx.unsupported(f"a symbolic head size ({dim})")
-    return dim

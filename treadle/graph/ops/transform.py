@@ -2,8 +2,9 @@
 padding and resizing.
 
 Nearly every output element is an input element read at an index computed from the
-output index, or a choice between such reads, so these ops are injective; CumSum and the
-Scatter ops are reductions over the elements they search. The reshape-like ones (Reshape,
+output index, or a choice between such reads, so these ops are injective (the ops whose
+elements depend on others in order, CumSum and the scatters, are in ``scan`` and
+``scatter``). The reshape-like ones (Reshape,
 Flatten, Squeeze, Unsqueeze) are registered as views: the executor runs them as zero-copy
 reinterpretations of contiguous memory, and their compute definitions serve shape
 inference and compile-time values.
@@ -28,7 +29,7 @@ from treadle.graph.ops.common import (broadcast_load, broadcast_shape, normalize
                                       normalize_axis, same_dtype)
 from treadle.graph.tensor import Dim, num_elements
 from treadle.ir import dtypes
-from treadle.ir.compute import combine, compute, identity_of, reduce
+from treadle.ir.compute import compute
 from treadle.ir.expr import (Binary, Const, Expr, as_expr, call, cast, eq, logical_and,
                              maximum, minimum, select)
 from treadle.ir.functor import free_vars
@@ -607,102 +608,6 @@ def trilu(ctx: OpContext):
         keep = diagonal >= k if upper else diagonal <= k
         return select(keep, x[i], Const(0, x.dtype))
     return [compute("y", shape, element)]
-
-
-def _running(ctx: OpContext, op: str):
-    """CumSum and CumProd: each element combines those before it along the axis (after
-    it with ``reverse``, itself left out with ``exclusive``)."""
-    x, shape = ctx.input(0), _dims(ctx, 0)
-    axis = normalize_axis(ctx, known_scalar(ctx, 1, "axis"), len(shape))
-    exclusive, backward = ctx.attr("exclusive", 0), ctx.attr("reverse", 0)
-
-    def element(*index):
-        i, r = index[:-1], index[-1]
-        if backward:
-            included = r > i[axis] if exclusive else r >= i[axis]
-        else:
-            included = r < i[axis] if exclusive else r <= i[axis]
-        return select(included, x[(*i[:axis], r, *i[axis + 1:])], identity_of(op, x.dtype))
-    return [reduce("y", shape, [shape[axis]], element, op)]
-
-
-@register("CumSum")
-def cumsum(ctx: OpContext):
-    return _running(ctx, "sum")
-
-
-@register("CumProd")
-def cumprod(ctx: OpContext):
-    return _running(ctx, "prod")
-
-
-# Scatter: out[i] is data[i], replaced by (reduction "none") or combined with every update
-# aimed at i. Each output element searches the updates: a reduction over them finds the
-# last match, or combines the matches, so duplicates and misses need no special case.
-SCATTER_REDUCTIONS = {"none": None, "add": "sum", "mul": "prod", "max": "max", "min": "min"}
-
-
-def _scatter(ctx: OpContext, count: Dim, hits, update):
-    """``hits(i, r)``: whether update r (of ``count``) targets output index i;
-    ``update(i, r)``: its value there."""
-    data, shape = ctx.input(0), _dims(ctx, 0)
-    same_dtype(ctx, data, ctx.input(2))
-    kind = ctx.attr("reduction", "none")
-    if kind not in SCATTER_REDUCTIONS:
-        raise ctx.unsupported(f"reduction {kind!r}")
-    op = SCATTER_REDUCTIONS[kind]
-    if op is None:
-        last = reduce("last", shape, [count], lambda *ir: select(hits(ir[:-1], ir[-1]), ir[-1],
-                                                                 as_expr(-1)), "max")
-        return [compute("y", shape, lambda *i: select(
-            last[i] >= 0, update(i, last[i]), data[i]))]
-    combined = reduce("combined", shape, [count], lambda *ir: select(
-        hits(ir[:-1], ir[-1]), update(ir[:-1], ir[-1]), identity_of(op, data.dtype)), op)
-    return [compute("y", shape, lambda *i: combine(op, data[i], combined[i]))]
-
-
-@register("ScatterElements")
-def scatter_elements(ctx: OpContext):
-    shape = _dims(ctx, 0)
-    indices, index_shape = _integer_input(ctx, 1, "indices"), _dims(ctx, 1)
-    updates = ctx.input(2)
-    if len(index_shape) != len(shape) or _dims(ctx, 2) != index_shape:
-        raise ctx.error(f"indices {_fmt(index_shape)} and updates {_fmt(_dims(ctx, 2))} must "
-                        f"have one shape of the data's rank {len(shape)}")
-    axis = normalize_axis(ctx, ctx.attr("axis", 0), len(shape))
-
-    def at(i, r):
-        return (*i[:axis], r, *i[axis + 1:])
-
-    def hits(i, r):
-        inside = [i[a] < index_shape[a] for a in range(len(shape)) if a != axis]
-        k = cast(indices[at(i, r)], dtypes.index_type)
-        return logical_and(*inside, eq(select(k < 0, k + shape[axis], k), i[axis]))
-    return _scatter(ctx, index_shape[axis], hits, lambda i, r: updates[at(i, r)])
-
-
-@register("ScatterND")
-def scatter_nd(ctx: OpContext):
-    shape = _dims(ctx, 0)
-    indices, index_shape = _integer_input(ctx, 1, "indices"), _dims(ctx, 1)
-    updates = ctx.input(2)
-    depth = index_shape[-1] if index_shape else None
-    if not isinstance(depth, int) or not 1 <= depth <= len(shape):
-        raise ctx.error(f"indices' last dimension {depth} must be a constant from 1 to "
-                        f"the data's rank {len(shape)}")
-    batch = index_shape[:-1]
-    if _dims(ctx, 2) != batch + shape[depth:]:
-        raise ctx.error(f"updates have shape {_fmt(_dims(ctx, 2))}, expected "
-                        f"{_fmt(batch + shape[depth:])}")
-
-    def where(r) -> tuple:
-        return unravel(r, batch) if batch else ()
-
-    def hits(i, r):
-        loads = [cast(indices[(*where(r), j)], dtypes.index_type) for j in range(depth)]
-        return logical_and(*(eq(select(k < 0, k + shape[j], k), i[j])
-                             for j, k in enumerate(loads)))
-    return _scatter(ctx, num_elements(batch), hits, lambda i, r: updates[(*where(r), *i[depth:])])
 
 
 # ---- Resize -----------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from treadle.graph.graph import Graph
 from treadle.graph.operator import REGISTRY, apply
 from treadle.graph.ops.common import ONNX_DTYPES
 from treadle.graph.ops.shape import constant_value
-from treadle.graph.tensor import Tensor
+from treadle.graph.tensor import Tensor, constant
 from treadle.ir import dtypes
 from treadle.ir.dtypes import DataType
 
@@ -78,7 +78,17 @@ class OlderForm:
     rewrite: Callable[[str, list, dict, str, list[str]], list[Tensor]]
 
 
-OLDER_FORMS = {op: OlderForm(13, _rows_normalised) for op in ("Softmax", "LogSoftmax", "Hardmax")}
+def _axis_attribute(op_type: str, inputs: list[Optional[Tensor]], attrs: dict, name: str,
+                    output_names: list[str]) -> list[Tensor]:
+    """DFT before opset 20 takes its axis as an attribute, by default 1."""
+    axis = constant(np.array(attrs.pop("axis", 1), np.int64), f"{name}/axis")
+    inputs = [*inputs, None][:2] + [axis]
+    return apply(op_type, inputs, attrs, name=name, output_names=output_names)
+
+
+OLDER_FORMS = {**{op: OlderForm(13, _rows_normalised)
+                  for op in ("Softmax", "LogSoftmax", "Hardmax")},
+               "DFT": OlderForm(20, _axis_attribute)}
 
 
 def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto,

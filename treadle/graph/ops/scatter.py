@@ -182,3 +182,7 @@ def scatter_nd(ctx: OpContext) -> list[Compute]:
     def position(i, r):
         return (*(unravel(r, batch) if batch else ()), *i[depth:])
     return _define(ctx, num_elements(batch), position)
+
+
+# Opsets 9 and 10 named ScatterElements without reductions Scatter.
+register("Scatter", kernel=_kernel)(scatter_elements)

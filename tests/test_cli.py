@@ -116,6 +116,53 @@ def test_errors_print_one_line_and_exit_2(affine, unsupported, tmp_path, capsys,
     assert message in captured.err
 
 
+@pytest.mark.parametrize("command", ["run", "check"])
+@pytest.mark.parametrize("content, message", [
+    (b"garbage bytes", r"not a \.npy file \(numpy\.save writes one\)"),
+    (b"", r"not a \.npy file"),
+    (np.lib.format.MAGIC_PREFIX + b"\x01\x00", "not a readable .npy file: EOF"),
+    ("npz", r"not a \.npy file"),
+    ("objects", "not a readable .npy file: Object arrays"),
+    ("truncated", "not a readable .npy file: Failed to read all data"),
+    (None, "cannot read the file: No such file or directory"),
+], ids=["garbage", "empty", "bad-header", "npz", "objects", "truncated", "missing"])
+def test_an_unreadable_input_file_is_named(affine, tmp_path, capsys, command, content, message):
+    path = tmp_path / "x.bin"
+    if content == "npz":
+        np.savez(path, x=np.zeros((2, 5), np.float32))
+        path = tmp_path / "x.bin.npz"
+    elif content == "objects":
+        with open(path, "wb") as file:
+            np.save(file, np.array([{}, None], dtype=object), allow_pickle=True)
+    elif content == "truncated":
+        with open(path, "wb") as file:
+            np.save(file, np.zeros((2, 5), np.float32))
+        path.write_bytes(path.read_bytes()[:-8])
+    elif content is not None:
+        path.write_bytes(content)
+    assert main([command, str(affine), "--input", f"x={path}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith(f"treadle: error: --input x={path}: ")
+    assert re.search(message, captured.err), captured.err
+
+
+@pytest.mark.parametrize("flag", ["--rtol", "--atol"])
+@pytest.mark.parametrize("value", ["-1", "-1e-9", "nan", "inf", "tight"])
+def test_check_refuses_a_negative_or_nan_tolerance(affine, capsys, flag, value):
+    with pytest.raises(SystemExit) as info:
+        main(["check", str(affine), "--dim", "batch=3", f"{flag}={value}"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: '{value}' is not a finite non-negative number" in err
+    assert "Traceback" not in err
+
+
+def test_check_takes_a_zero_tolerance(affine, capsys):
+    assert main(["check", str(affine), "--dim", "batch=3", "--rtol", "0", "--atol", "1"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_run_with_constructed_schedules(affine, capsys):
     assert main(["run", str(affine), "--dim", "batch=3", "--tune", "construct", "--repeat", "1"]) == 0
     assert "median latency" in capsys.readouterr().out
@@ -162,3 +209,14 @@ def test_the_module_runs_as_a_command(affine):
     result = subprocess.run([sys.executable, "-m", "treadle.cli", "run", str(affine)],
                             capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def test_python_dash_m_treadle_is_the_command(affine):
+    result = subprocess.run([sys.executable, "-m", "treadle", "show", str(affine)],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert "Sigmoid" in result.stdout
+    result = subprocess.run([sys.executable, "-m", "treadle", "check", str(affine),
+                             "--rtol", "-1"], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 2 and "usage: treadle check" in result.stderr
+    assert "Traceback" not in result.stderr

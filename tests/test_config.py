@@ -46,3 +46,9 @@ def test_plan_cache_size():
     assert from_environment({"TREADLE_PLAN_CACHE": "8"}).plan_cache == 8
     with pytest.raises(ValueError, match="TREADLE_PLAN_CACHE"):
         from_environment({"TREADLE_PLAN_CACHE": "0"})
+
+
+def test_bounds_checks_are_off_unless_turned_on():
+    assert from_environment({}).check_bounds is False
+    assert from_environment({"TREADLE_CHECK_BOUNDS": "0"}).check_bounds is False
+    assert from_environment({"TREADLE_CHECK_BOUNDS": "1"}).check_bounds is True

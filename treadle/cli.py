@@ -11,6 +11,7 @@ shape and a summary of its values, and the median latency over ``--repeat`` call
 ``check`` compares the model's outputs with ONNX Runtime's on the same inputs and, when one
 differs, names the first node whose output differs (``treadle.check``); it exits 1 then.
 ``show`` summarises the model without compiling it. Errors print one line and exit 2.
+``python -m treadle`` is the same command.
 """
 from __future__ import annotations
 
@@ -80,12 +81,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="an input's value (default: random)")
     check.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
                        help="the size of a symbolic dimension of random inputs (default 1)")
-    check.add_argument("--rtol", type=float, default=None,
+    check.add_argument("--rtol", type=_tolerance, default=None,
                        help=f"error allowed relative to the largest reference value "
                             f"(default by type: {RTOL:g}, float16 "
                             f"{TOLERANCES['float16'][0]:g}, bfloat16 "
                             f"{TOLERANCES['bfloat16'][0]:g})")
-    check.add_argument("--atol", type=float, default=None,
+    check.add_argument("--atol", type=_tolerance, default=None,
                        help=f"absolute error allowed (default by type: {ATOL:g}, float16 "
                             f"{TOLERANCES['float16'][1]:g}, bfloat16 "
                             f"{TOLERANCES['bfloat16'][1]:g})")
@@ -97,6 +98,17 @@ def _parser() -> argparse.ArgumentParser:
                                "once, then cached), and the GPU if there is one")
     info.set_defaults(command=info_command)
     return parser
+
+
+def _tolerance(text: str) -> float:
+    """A tolerance flag's value: argparse names the flag when this refuses one."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite non-negative number")
+    return value
 
 
 def _tune_level(text: str) -> int | str:
@@ -134,7 +146,7 @@ def run_command(args) -> None:
                             orchestrate=args.orchestrate, target=args.target)
     files = _pairs(args.input, "--input")
     if isinstance(model, SpecialisingModel):  # compiled for the contents given
-        given = {n: np.load(files.pop(n)) for n in model.value_inputs if n in files}
+        given = {n: _load(n, files.pop(n)) for n in model.value_inputs if n in files}
         model = model.specialise(given)
     inputs = _inputs(model, files, {k: _size(k, v) for k, v in _pairs(args.dim, "--dim").items()})
     call = model.executable.simulate if args.simulate else model
@@ -153,7 +165,7 @@ def run_command(args) -> None:
 
 def check_command(args) -> int:
     from treadle.checker import check
-    inputs = {name: np.load(path) for name, path in _pairs(args.input, "--input").items()}
+    inputs = {name: _load(name, path) for name, path in _pairs(args.input, "--input").items()}
     dims = {k: _size(k, v) for k, v in _pairs(args.dim, "--dim").items()}
     report = check(args.model, inputs, dims=dims, rtol=args.rtol, atol=args.atol)
     print(report)
@@ -169,6 +181,24 @@ def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
         if pairs.setdefault(key, value) != value:  # which one was meant is anyone's guess
             raise ValueError(f"{flag} {key} is given twice, as {pairs[key]} and {value}")
     return pairs
+
+
+def _load(name: str, path: str) -> np.ndarray:
+    """Input ``name``'s value, read from the .npy file at ``path``."""
+    where = f"--input {name}={path}"
+    magic = np.lib.format.MAGIC_PREFIX
+    try:
+        with open(path, "rb") as file:
+            npy = file.read(len(magic)) == magic
+            file.seek(0)
+            value = np.lib.format.read_array(file, allow_pickle=False) if npy else None
+    except OSError as err:
+        raise ValueError(f"{where}: cannot read the file: {err.strerror or err}") from None
+    except (ValueError, EOFError) as err:  # a damaged header, missing data, Python objects
+        raise ValueError(f"{where}: not a readable .npy file: {err}") from None
+    if value is None:
+        raise ValueError(f"{where}: not a .npy file (numpy.save writes one)")
+    return value
 
 
 def _size(symbol: str, text: str) -> int:
@@ -190,7 +220,7 @@ def _inputs(model, files: dict[str, str], dims: dict[str, int]) -> dict[str, np.
     if unknown:
         raise ValueError(f"--input names {sorted(unknown)} are not inputs of the model; its "
                          f"inputs are {model.input_names}")
-    values = {name: np.load(path) for name, path in files.items()}
+    values = {name: _load(name, path) for name, path in files.items()}
     slots = [executable.slots[i] for i in executable.inputs]
     symbols = sorted({str(d) for s in slots for d in s.shape if not isinstance(d, int)})
     unknown = sorted(set(dims) - set(symbols))

@@ -14,6 +14,7 @@
 | TREADLE_CC           | cc           | the C compiler (gcc)                                   |
 | TREADLE_NVCC         | nvcc         | the CUDA compiler (nvcc)                               |
 | TREADLE_PLAN_CACHE   | plan_cache   | memory plans a model keeps, one per set of sizes (64)  |
+| TREADLE_CHECK_BOUNDS | check_bounds | check every access of lang and builder kernels (0)     |
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class Config:
     cc: str
     nvcc: str
     plan_cache: int
+    check_bounds: bool
 
 
 def _positive_int(name: str, text: str) -> int:
@@ -67,6 +69,7 @@ def from_environment(env=os.environ) -> Config:
         cc=env.get("TREADLE_CC") or "gcc",
         nvcc=env.get("TREADLE_NVCC") or "nvcc",
         plan_cache=_positive_int("TREADLE_PLAN_CACHE", plans) if plans else 64,
+        check_bounds=env.get("TREADLE_CHECK_BOUNDS", "0") not in ("", "0"),
     )
 
 

@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.harness import assert_close, random_array
 from treadle import lang
 from treadle.errors import ArgumentError, DTypeError, LangError, ShapeError
-from treadle.lang import f32
+from treadle.lang import boolean, f32, i32
 
 N = lang.symbols("N")
 SOURCE = Path(__file__).read_text().splitlines()
@@ -180,6 +181,40 @@ def test_error_inside_an_inline_helper_points_at_the_helper():
     check(info, "helper", "while loop")
 
 
+@lang.inline
+def endless(x, i):
+    return endless(x, i) + 1.0  # <- recursion
+
+
+@lang.inline
+def ping(x, i):
+    return pong(x, i)
+
+
+@lang.inline
+def pong(x, i):
+    return ping(x, i)  # <- mutual
+
+
+def test_a_recursive_inline_helper_points_at_the_recursive_call():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def recurses(x: f32[N]):
+            for i in range(N):
+                x[i] = endless(x, i)
+    check(info, "recursion", r"helper endless is called 16 helper calls deep.*"
+                             "must end on a condition known")
+
+
+def test_mutually_recursive_inline_helpers_name_both():
+    with pytest.raises(LangError) as info:
+        @lang.kernel
+        def bounces(x: f32[N]):
+            for i in range(N):
+                x[i] = ping(x, i)
+    check(info, "mutual", r"helper ping is called 16 .*inside ping, pong")
+
+
 @lang.kernel
 def scale(x: f32[N], y: f32[N], alpha: f32):
     for i in range(N):
@@ -257,3 +292,52 @@ def test_a_guarded_or_symbolic_store_is_left_to_the_kernel():
     np.testing.assert_array_equal(x[:, 0], 2.0)
     np.testing.assert_array_equal(x[:, 1:], 0.0)
     np.testing.assert_array_equal(y, 3.0)
+
+
+def test_keyword_arguments_bind_by_parameter_name():
+    x, y = random_array(7, seed=1), np.zeros(7, np.float32)
+    scale(x, y, alpha=3.0)
+    assert_close(y, x * np.float32(3.0))
+    scale(alpha=np.float32(-2), y=y, x=x)
+    assert_close(y, x * np.float32(-2.0))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda x, y: scale(x, y, 2.0, alpha=1.0), "'alpha' is given twice"),
+    (lambda x, y: scale(x, y, beta=1.0), "no parameter or size symbol 'beta'.*x, y, alpha"),
+    (lambda x, y: scale(x, alpha=1.0), r"takes 3 arguments \(x, y, alpha\), got 2: missing y"),
+], ids=["duplicate", "unknown", "missing"])
+def test_bad_keyword_arguments_are_named(call, message):
+    with pytest.raises(ArgumentError, match=message):
+        call(np.ones(3, np.float32), np.ones(3, np.float32))
+
+
+@lang.kernel
+def fill(y: f32[N], value: f32, count: i32, negate: boolean):
+    for i in range(N):
+        y[i] = f32(count) * (-value if negate else value)
+
+
+def test_scalars_of_the_right_kind_are_accepted():
+    y = np.zeros(5, np.float32)
+    for value, count, negate in [(2, 3, True), (np.float64(0.5), np.int64(4), np.bool_(False)),
+                                 (np.float32(1.5), np.uint8(2), False)]:
+        fill(y, value, count, negate)
+        expected = np.float32(count) * np.float32(-value if negate else value)
+        np.testing.assert_array_equal(y, np.full(5, expected, np.float32))
+
+
+@pytest.mark.parametrize("args, message", [
+    (("2", 1, False), r"'value' of fill \(float32 scalar\): expected a real number, got str '2'"),
+    (("abc", 1, False), "'value'.*got str 'abc'"),
+    ((True, 1, False), "'value'.*got bool True"),
+    ((1.0, 2.5, False), r"'count' of fill \(int32 scalar\): expected an integer, got float 2.5"),
+    ((1.0, np.bool_(True), False), "'count'.*got bool"),
+    ((1.0, 1, 1), r"'negate' of fill \(bool scalar\): expected a bool, got int 1"),
+    ((1.0, 1, None), "'negate'.*got NoneType None"),
+], ids=["numeric-string", "string", "bool-for-float", "float-for-int", "bool-for-int",
+        "int-for-bool", "none"])
+def test_a_scalar_of_the_wrong_type_names_the_parameter(args, message):
+    with pytest.raises(DTypeError, match=message) as info:
+        fill(np.zeros(2, np.float32), *args)
+    assert isinstance(info.value, TypeError)

@@ -209,6 +209,28 @@ def test_range_with_start_and_step_and_a_compile_time_if():
         assert_close(y, expected)
 
 
+@lang.inline
+def pairwise_sum(x, row, start, count):
+    """Recurses while compiling: each call with count > 1 expands into two halves."""
+    half = count // 2
+    return x[row, start] if count == 1 else \
+        pairwise_sum(x, row, start, half) + pairwise_sum(x, row, start + half, count - half)
+
+
+@lang.kernel
+def row_sums(x: f32[M, 13], y: f32[M]):
+    for i in range(M):
+        y[i] = pairwise_sum(x, i, 0, 13)
+
+
+def test_a_recursive_helper_ending_while_compiling_expands():
+    for m in (0, 1, 7):
+        x = random_array((m, 13), seed=m)
+        y = np.full(m, np.nan, np.float32)
+        row_sums(x, y)
+        assert_close(y, x.sum(axis=1), reduction=13)
+
+
 @lang.kernel
 def checked_copy(x: f32[N], y: f32[N]):
     assert N >= 2, "needs two elements"

@@ -95,3 +95,10 @@ def test_a_plan_that_does_not_run_is_refused_as_the_known_one():
         solve(options, frozenset("a"), [0, 1])
     with pytest.raises(ValueError, match="no set of the candidate kernels"):
         solve(options, frozenset("a"), [])
+
+
+def test_no_candidates_choose_nothing_or_are_infeasible():
+    solution = solve([], frozenset(), [])
+    assert solution.chosen == () and solution.objective == 0.0 and solution.optimal
+    with pytest.raises(ValueError, match="no candidate kernel"):
+        solve([], frozenset("a"), [])

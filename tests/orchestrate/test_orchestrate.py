@@ -50,6 +50,27 @@ def test_orchestrated_attention_matches_onnxruntime(cache, seq):
     assert_close(compiled(**feeds)[0], run_onnxruntime(model, feeds)[0], reduction=8)
 
 
+def kernel_free_models():
+    """Graphs of no kernel: the output is the input, a constant, or both."""
+    x = tensor("x", ["n", 5])
+    yield make_model([], [x], [tensor("x", ["n", 5])])
+    yield make_model([], [x], [tensor("c", [3])], {"c": random_array(3, seed=4)})
+    yield make_model([helper.make_node("Constant", [], ["k"], value_float=2.5)], [x],
+                     [tensor("x", ["n", 5]), tensor("k", [])])
+
+
+@pytest.mark.parametrize("model", list(kernel_free_models()), ids=["input", "constant", "both"])
+@pytest.mark.parametrize("rows", [0, 1, 7])
+def test_a_graph_without_kernels_compiles_as_greedy_fusion_does(cache, model, rows):
+    feeds = {"x": random_array((rows, 5), seed=3)}
+    expected = run_onnxruntime(model, feeds)
+    for actual in (treadle.compile(model, orchestrate=True)(**feeds),
+                   treadle.compile(model)(**feeds)):
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_close(a, e)
+
+
 def test_a_second_orchestration_measures_nothing(cache, monkeypatch):
     treadle.compile(attention_model(), orchestrate=True)
 

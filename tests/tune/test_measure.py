@@ -1,9 +1,12 @@
 """Measuring candidates in a child process: real timings for good kernels, and a kernel
 that crashes or hangs is marked failed while the others are still measured."""
+import gc
 import logging
 import sys
+import warnings
 
 import numpy as np
+import pytest
 
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import reduce
@@ -51,6 +54,23 @@ def test_crashing_and_hanging_candidates_are_skipped(caplog):
     assert sum(settled) == 4
     assert "candidate 0 (crash) crashed the measuring process" in caplog.text
     assert "candidate 2 (hang) ran past 3 s" in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["good", "crash", "hang", "no-child"])
+def test_the_measuring_child_leaves_no_open_pipe(monkeypatch, kind):
+    """Every way a child ends (it reports times, crashes, runs past the timeout, never
+    starts) closes the pipe its report came through."""
+    if kind == "no-child":
+        monkeypatch.setattr(sys, "executable", "/bin/false")
+    function = gemm(GemmConfig()) if kind in ("good", "no-child") else broken(kind)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        times = measure_functions([function], repeats=3,
+                                  **({"timeout": 3} if kind == "hang" else {}))
+        gc.collect()
+    assert (times[0] is not None) == (kind == "good")
+    leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not leaks, leaks
 
 
 def test_a_child_that_cannot_start_fails_every_candidate(monkeypatch, caplog):

@@ -13,6 +13,7 @@
                     y[i, j] = x[i, j] * alpha
 
     scale_rows(x, y, 2.0)    # numpy arrays or CPU torch tensors; y is written in place
+    scale_rows(x, y, alpha=2.0)                         # arguments by name, too
 
 ``@lang.kernel`` parses the function's source when it is defined (``parse``) into the
 tensor-program IR through a ``FunctionBuilder``; the body never runs. The first call
@@ -47,11 +48,18 @@ IR expressions: loop variables, loads ``x[i, j]``, and what is computed from the
   elements.
 * ``assert cond, "message"``: a run-time check (a KernelError).
 * Helpers: a function decorated ``@lang.inline`` is parsed into the kernel where it is
-  called, its arguments bound to what is passed; it may end with ``return value``.
+  called, its arguments bound to what is passed; it may end with ``return value``. A
+  helper may call itself where a compile-time condition ends the recursion (helper calls
+  nest at most 16 deep).
 
 Anything else (``while``, ``try``, ``return`` in a kernel, ``lambda``, comprehensions,
 slices, an unknown name, a wrong number of indices) raises ``LangError`` whose message
 begins ``path/to/file.py:LINE:``.
+
+Checking. A kernel is C: an index outside a tensor reads or overwrites other memory.
+``@lang.kernel(checked=True)`` (or ``TREADLE_CHECK_BOUNDS=1`` for kernels that do not say)
+checks every load and store of a tensor parameter first and fails the call with a
+``KernelError`` naming the tensor, the index, and the size (``ir.passes.check_bounds``).
 
 Operators. ``kernel.register_op("name", outputs="y")`` (or a list of output parameter
 names) makes the kernel a treadle graph operator and, where torch is installed, the torch

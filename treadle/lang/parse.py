@@ -79,7 +79,8 @@ class InlineFunction:
     def expand(self, caller: Parser, args: Sequence, kwargs: Mapping) -> Any:
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        parser = Parser(caller.fb, self.source, outer_names(self.fn), caller.symbols)
+        parser = Parser(caller.fb, self.source, outer_names(self.fn), caller.symbols,
+                        caller.inlining + (self,))
         return parser.run(bound.arguments, returns=True)
 
 
@@ -155,17 +156,25 @@ def _is_integer(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# How deep @inline helpers may call one another: each expansion takes a few dozen Python
+# frames, and a recursion that no compile-time condition ends must stop with a LangError
+# well before Python's own limit.
+MAX_INLINE_DEPTH = 16
+
+
 class Parser:
     """Parses one function's body (a kernel's, or an inline helper's where it is called)
     into the active builder. ``symbols``: the parameters a name may refer to from outside
-    the body (size symbols, scalars); None while evaluating annotations, which declare them."""
+    the body (size symbols, scalars); None while evaluating annotations, which declare them.
+    ``inlining``: the helpers being expanded around this body, outermost first."""
 
     def __init__(self, fb: FunctionBuilder, source: Source, outer: Mapping[str, Any],
-                 symbols: frozenset[Var] | None):
+                 symbols: frozenset[Var] | None, inlining: tuple[InlineFunction, ...] = ()):
         self.fb = fb
         self.source = source
         self.scope = Scope(outer)
         self.symbols = symbols
+        self.inlining = inlining
         # The statement being parsed in each enclosing block, and that block's statements.
         self.current: list[tuple[Sequence[ast.stmt], int]] = []
         # What the enclosing range loops' indices run over, and how many run-time ifs
@@ -529,6 +538,8 @@ class Parser:
     def call(self, node: ast.Call, func: Any) -> Any:
         args, kwargs = self.arguments(node)
         if isinstance(func, InlineFunction):
+            if len(self.inlining) >= MAX_INLINE_DEPTH:
+                raise self.error(node, self.recursion_message(func))
             return func.expand(self, args, kwargs)
         try:
             func = BUILTIN_CALLS.get(func, func)
@@ -540,6 +551,12 @@ class Parser:
                                    f"kernel is compiled, not on its values; call treadle.lang's "
                                    f"function{own}")
         return func(*args, **kwargs)
+
+    def recursion_message(self, func: InlineFunction) -> str:
+        names = ", ".join(dict.fromkeys(f.fn.__qualname__ for f in self.inlining))
+        return (f"@inline helper {func.fn.__qualname__} is called {MAX_INLINE_DEPTH} helper "
+                f"calls deep (inside {names}): helpers are expanded in place while "
+                "compiling, so a recursion must end on a condition known then")
 
     def _binary(self, node: ast.BinOp) -> Any:
         op = BINARY.get(type(node.op))

@@ -115,6 +115,8 @@ def orchestrate(graph: Graph, tune: int | str = 0, target: CpuTarget | None = No
     seeds = _greedy_members(pg, pg.graph, greedy(pg.graph))
     composites = _greedy_members(pg, graph, own)
     summary = Summary(primitives=len(pg.ops))
+    if not pg.ops:  # outputs are inputs or constants: no kernel to choose
+        return Orchestration(graph, own, summary)
     plans: list[KernelPlan] = []
     reports, texts = [], []
     # No part cuts an attention, nor the greedy kernels its largest candidate takes in.

@@ -50,6 +50,10 @@ def solve(options: Sequence[Option], required: frozenset, incumbent: Sequence[in
     feasible set the answer is never worse than (or empty, when none is known)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     start = time.perf_counter()
+    if not options:  # the solver refuses a program without variables
+        if required:
+            raise Infeasible("no candidate kernel computes the outputs")
+        return Solution((), 0.0, True, time.perf_counter() - start)
     bound = _total(options, incumbent) if incumbent else np.inf
     if incumbent and run_order(options, incumbent, required) is None:
         raise ValueError("the incumbent kernel set is not feasible")

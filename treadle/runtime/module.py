@@ -25,6 +25,7 @@ from treadle.ir.dtypes import DataType
 from treadle.ir.expr import Buffer
 from treadle.ir.functor import walk
 from treadle.ir.lower import lower
+from treadle.ir.passes.check_bounds import check_bounds
 from treadle.ir.stmt import Function, Module, Store, fault_message
 from treadle.runtime.arguments import bind_arguments
 from treadle.runtime.pool import parallel_for_address
@@ -165,6 +166,9 @@ def compile_module(module: Module) -> CompiledModule:
     return load(build(source, module.name, exported_symbols(lowered)), lowered)
 
 
-def compile_function(func: Function) -> CompiledFunction:
-    """Compiles one kernel and returns it as a callable."""
+def compile_function(func: Function, checked: bool | None = None) -> CompiledFunction:
+    """Compiles one kernel and returns it as a callable; ``checked`` (by default
+    TREADLE_CHECK_BOUNDS) checks every access to its buffer parameters (``check_bounds``)."""
+    if config.check_bounds if checked is None else checked:
+        func = check_bounds(func)
     return compile_module(Module(func.name, (func,)))[func.name]

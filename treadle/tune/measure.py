@@ -53,6 +53,7 @@ TIME_BUDGET_S = 1.0   # fewer repeats for a candidate slower than this in all
 SYMBOL_SIZE = 128
 ROUNDS = 3            # timing rounds, interleaved across candidates
 MAX_COPIES = 16       # argument copies cycled through to keep the data cold
+READER_JOIN_S = 5.0   # how long the pipe's reader may take to close it after the child
 
 
 def measure_functions(functions: Sequence[Function], *, symbol_size: int = SYMBOL_SIZE,
@@ -142,7 +143,8 @@ def _run_child(job: Path, results: list, timeout: float, labels: Sequence[str]) 
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                              env=_child_environment())
     lines: queue.Queue = queue.Queue()
-    threading.Thread(target=_forward_lines, args=(child.stdout, lines), daemon=True).start()
+    reader = threading.Thread(target=_forward_lines, args=(child.stdout, lines), daemon=True)
+    reader.start()
     done: set[int] = set()
     current = None
     try:
@@ -176,15 +178,19 @@ def _run_child(job: Path, results: list, timeout: float, labels: Sequence[str]) 
         if child.poll() is None:
             child.kill()
         child.wait()
+        # The child's end of the pipe is closed now, so the reader meets the end of it and
+        # closes ours (later, where a process the child started holds it open still).
+        reader.join(timeout=READER_JOIN_S)
     if current is not None:
         done.add(current)
     return done
 
 
 def _forward_lines(stream, lines: queue.Queue) -> None:
-    """Puts each line of ``stream`` on ``lines``, then None at its end."""
-    for line in stream:
-        lines.put(line)
+    """Puts each line of ``stream`` on ``lines``, then None at its end, and closes it."""
+    with stream:
+        for line in stream:
+            lines.put(line)
     lines.put(None)
 
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections import defaultdict
+from collections import ChainMap, defaultdict
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import onnx
@@ -31,6 +31,7 @@ from google.protobuf.message import DecodeError, Message
 from onnx import AttributeProto, helper, numpy_helper
 
 from treadle.errors import ModelError, UnsupportedOpError
+from treadle.frontend import control_flow
 from treadle.graph.graph import Graph
 from treadle.graph.operator import REGISTRY, apply
 from treadle.graph.ops.common import ONNX_DTYPES
@@ -43,6 +44,8 @@ OPSETS = range(11, 29)  # versions of the default domain whose op semantics trea
 DEFAULT_DOMAINS = ("", "ai.onnx")
 # Op types the importer handles itself rather than through the registry.
 IMPORTED_DIRECTLY = {"Constant"}
+# Nodes whose subgraphs are imported in place (``control_flow``).
+CONTROL_FLOW = frozenset({"If", "Scan", "Loop"})
 NAMES_SHOWN = 5  # node names listed per unsupported op type
 CHECKED_ELEMENTS = 1024  # larger initializers reach ONNX's checker without their data
 
@@ -154,12 +157,16 @@ def node_name(node: onnx.NodeProto, index: int) -> str:
 
 def unsupported_nodes(graph: onnx.GraphProto) -> dict[str, list[str]]:
     """Op type (prefixed by its domain outside the default one) -> names of the nodes that
-    treadle cannot import. Nodes holding subgraphs (If, Loop, Scan) are unsupported."""
+    treadle cannot import, in subgraphs too. Other nodes holding subgraphs are unsupported."""
     import treadle.graph.ops  # noqa: F401  (registers every op family)
     found: dict[str, list[str]] = defaultdict(list)
     for index, node in enumerate(graph.node):
         if node.domain not in DEFAULT_DOMAINS:
             found[f"{node.domain}.{node.op_type}"].append(node_name(node, index))
+        elif node.op_type in CONTROL_FLOW:
+            for attr in node.attribute:
+                for op, names in unsupported_nodes(attr.g).items():
+                    found[op].extend(names)
         elif (node.op_type not in REGISTRY and node.op_type not in IMPORTED_DIRECTLY
               or node.op_type in REGISTRY and REGISTRY[node.op_type].internal
               or any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS)
@@ -280,17 +287,48 @@ def _build(graph: onnx.GraphProto, opset: int, name: str) -> Graph:
     return Graph.from_outputs(inputs, [env[o.name] for o in graph.output], name)
 
 
-def _import_node(node: onnx.NodeProto, index: int, env: dict[str, Tensor],
-                 opset: int) -> list[Tensor]:
-    name = node_name(node, index)
+def _import_node(node: onnx.NodeProto, index: int, env: Mapping[str, Tensor],
+                 opset: int, prefix: str = "") -> list[Tensor]:
+    """The node's output tensors; ``prefix`` names a subgraph's nodes after the node and
+    iteration that import them."""
+    name = prefix + node_name(node, index)
     if node.op_type == "Constant":
         return [_constant_node(node, name)]
-    attrs = {a.name: _attribute(a, name, node.op_type) for a in node.attribute}
+    missing = [t for t in node.input if t and t not in env]
+    if missing:
+        raise ModelError(f"node {name!r} ({node.op_type}) reads {missing[0]!r}, which no "
+                         "node, input or initializer defines")
     inputs = [env[t] if t else None for t in node.input]
+    if node.op_type in CONTROL_FLOW:
+        return _import_control(node, name, inputs, env, opset)
+    attrs = {a.name: _attribute(a, name, node.op_type) for a in node.attribute}
+    output_names = [prefix + o if o else o for o in node.output]
     older = OLDER_FORMS.get(node.op_type)
     if older is not None and opset < older.until:
-        return older.rewrite(node.op_type, inputs, attrs, name, list(node.output))
-    return apply(node.op_type, inputs, attrs, name=name, output_names=list(node.output))
+        return older.rewrite(node.op_type, inputs, attrs, name, output_names)
+    return apply(node.op_type, inputs, attrs, name=name, output_names=output_names)
+
+
+def _import_control(node: onnx.NodeProto, name: str, inputs: list[Optional[Tensor]],
+                    env: Mapping[str, Tensor], opset: int) -> list[Tensor]:
+    def body(graph: onnx.GraphProto, bound: Sequence[Tensor], prefix: str) -> list[Tensor]:
+        if len(bound) != len(graph.input):
+            raise ModelError(f"node {name!r} ({node.op_type}): its subgraph takes "
+                             f"{len(graph.input)} inputs, given {len(bound)}")
+        scope = ChainMap({i.name: t for i, t in zip(graph.input, bound)}, env)
+        for init in graph.initializer:
+            scope[init.name] = _constant(f"{prefix}/{init.name}", init)
+        for index, inner in enumerate(graph.node):
+            outputs = _import_node(inner, index, scope, opset, prefix + "/")
+            scope.update((o, t) for o, t in zip(inner.output, outputs) if o)
+        return [scope[o.name] for o in graph.output]
+    attrs = {a.name: _attribute(a, name, node.op_type) for a in node.attribute
+             if a.type != AttributeProto.GRAPH}
+    if node.op_type == "If":
+        return control_flow.import_if(node, name, inputs, body)
+    if node.op_type == "Scan":
+        return control_flow.import_scan(node, name, inputs, attrs, opset, body)
+    return control_flow.import_loop(node, name, inputs, body)
 
 
 def _attribute(attr: AttributeProto, node: str, op_type: str):

@@ -19,6 +19,7 @@ dtypes need none either: an unsupported dtype is refused where it is read.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections import ChainMap, defaultdict
@@ -30,8 +31,8 @@ import onnx
 from google.protobuf.message import DecodeError, Message
 from onnx import AttributeProto, helper, numpy_helper
 
-from treadle.errors import ModelError, UnsupportedOpError
-from treadle.frontend import control_flow
+from treadle.errors import ModelError, NeedsValueError, UnsupportedOpError
+from treadle.frontend import control_flow, functions
 from treadle.graph.graph import Graph
 from treadle.graph.operator import REGISTRY, apply
 from treadle.graph.ops.common import ONNX_DTYPES
@@ -100,7 +101,7 @@ def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto,
     ``onnxruntime.InferenceSession`` takes them) or a ``ModelProto``."""
     proto = load_model(model)
     check_opset(proto)
-    check_supported(proto.graph)
+    check_supported(proto.graph, opset_version(proto))
     check_structure(proto.graph)
     _check_with_onnx(proto)
     return _build(proto.graph, opset_version(proto), name or proto.graph.name or "model")
@@ -155,9 +156,12 @@ def node_name(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
 
-def unsupported_nodes(graph: onnx.GraphProto) -> dict[str, list[str]]:
+def unsupported_nodes(graph: onnx.GraphProto, opset: int | None = None
+                      ) -> dict[str, list[str]]:
     """Op type (prefixed by its domain outside the default one) -> names of the nodes that
-    treadle cannot import, in subgraphs too. Other nodes holding subgraphs are unsupported."""
+    treadle cannot import, in subgraphs too (an operator ONNX defines as a function of
+    others is imported as that function, at ``opset``: by default the newest). Other nodes
+    holding subgraphs are unsupported."""
     import treadle.graph.ops  # noqa: F401  (registers every op family)
     found: dict[str, list[str]] = defaultdict(list)
     for index, node in enumerate(graph.node):
@@ -165,8 +169,11 @@ def unsupported_nodes(graph: onnx.GraphProto) -> dict[str, list[str]]:
             found[f"{node.domain}.{node.op_type}"].append(node_name(node, index))
         elif node.op_type in CONTROL_FLOW:
             for attr in node.attribute:
-                for op, names in unsupported_nodes(attr.g).items():
+                for op, names in unsupported_nodes(attr.g, opset).items():
                     found[op].extend(names)
+        elif node.op_type not in REGISTRY and functions.has_function(node.op_type,
+                                                                     node.domain, opset):
+            continue
         elif (node.op_type not in REGISTRY and node.op_type not in IMPORTED_DIRECTLY
               or node.op_type in REGISTRY and REGISTRY[node.op_type].internal
               or any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS)
@@ -175,8 +182,8 @@ def unsupported_nodes(graph: onnx.GraphProto) -> dict[str, list[str]]:
     return dict(found)
 
 
-def check_supported(graph: onnx.GraphProto) -> None:
-    found = unsupported_nodes(graph)
+def check_supported(graph: onnx.GraphProto, opset: int | None = None) -> None:
+    found = unsupported_nodes(graph, opset)
     if found:
         raise UnsupportedOpError("the model uses operators treadle does not support: " +
                                  "; ".join(f"{op} ({_list_names(names)})"
@@ -301,6 +308,10 @@ def _import_node(node: onnx.NodeProto, index: int, env: Mapping[str, Tensor],
     inputs = [env[t] if t else None for t in node.input]
     if node.op_type in CONTROL_FLOW:
         return _import_control(node, name, inputs, env, opset)
+    if node.op_type not in REGISTRY and node.domain in DEFAULT_DOMAINS:
+        expanded = _import_function(node, name, inputs, env, opset)
+        if expanded is not None:
+            return expanded
     attrs = {a.name: _attribute(a, name, node.op_type) for a in node.attribute}
     output_names = [prefix + o if o else o for o in node.output]
     older = OLDER_FORMS.get(node.op_type)
@@ -309,19 +320,26 @@ def _import_node(node: onnx.NodeProto, index: int, env: Mapping[str, Tensor],
     return apply(node.op_type, inputs, attrs, name=name, output_names=output_names)
 
 
+def _import_body(graph: onnx.GraphProto, bound: Sequence[Optional[Tensor]], prefix: str,
+                 env: Mapping[str, Tensor], opset: int, owner: str) -> list[Tensor]:
+    """The outputs of a subgraph of node ``owner`` (a branch, a loop body, a function
+    body) over ``bound`` as its inputs, in the scope ``env``, its nodes named under
+    ``prefix``."""
+    if len(bound) != len(graph.input):
+        raise ModelError(f"node {owner!r}: its subgraph takes {len(graph.input)} inputs, "
+                         f"given {len(bound)}")
+    scope = ChainMap({i.name: t for i, t in zip(graph.input, bound)}, env)
+    for init in graph.initializer:
+        scope[init.name] = _constant(f"{prefix}/{init.name}", init)
+    for index, inner in enumerate(graph.node):
+        outputs = _import_node(inner, index, scope, opset, prefix + "/")
+        scope.update((o, t) for o, t in zip(inner.output, outputs) if o)
+    return [scope[o.name] for o in graph.output]
+
+
 def _import_control(node: onnx.NodeProto, name: str, inputs: list[Optional[Tensor]],
                     env: Mapping[str, Tensor], opset: int) -> list[Tensor]:
-    def body(graph: onnx.GraphProto, bound: Sequence[Tensor], prefix: str) -> list[Tensor]:
-        if len(bound) != len(graph.input):
-            raise ModelError(f"node {name!r} ({node.op_type}): its subgraph takes "
-                             f"{len(graph.input)} inputs, given {len(bound)}")
-        scope = ChainMap({i.name: t for i, t in zip(graph.input, bound)}, env)
-        for init in graph.initializer:
-            scope[init.name] = _constant(f"{prefix}/{init.name}", init)
-        for index, inner in enumerate(graph.node):
-            outputs = _import_node(inner, index, scope, opset, prefix + "/")
-            scope.update((o, t) for o, t in zip(inner.output, outputs) if o)
-        return [scope[o.name] for o in graph.output]
+    body = functools.partial(_import_body, env=env, opset=opset, owner=name)
     attrs = {a.name: _attribute(a, name, node.op_type) for a in node.attribute
              if a.type != AttributeProto.GRAPH}
     if node.op_type == "If":
@@ -329,6 +347,28 @@ def _import_control(node: onnx.NodeProto, name: str, inputs: list[Optional[Tenso
     if node.op_type == "Scan":
         return control_flow.import_scan(node, name, inputs, attrs, opset, body)
     return control_flow.import_loop(node, name, inputs, body)
+
+
+def _import_function(node: onnx.NodeProto, name: str, inputs: list[Optional[Tensor]],
+                     env: Mapping[str, Tensor], opset: int) -> Optional[list[Tensor]]:
+    """The node imported as the body of the ONNX function defining its operator, or
+    None where ONNX defines none."""
+    try:
+        graph = functions.function_body(node, inputs, opset)
+    except (RuntimeError, ValueError, onnx.defs.SchemaError) as err:
+        raise ModelError(f"node {name!r} ({node.op_type}): ONNX cannot build the function "
+                         f"defining it for this node: {err}") from None
+    if graph is None:
+        return None
+    bound = (inputs + [None] * len(graph.input))[:len(graph.input)]
+    try:
+        return _import_body(graph, bound, name, env, opset, name)
+    except NeedsValueError as err:  # named by the node's output, which the model's graph
+        # has, so that the model is specialised for the small inputs the node reads
+        raise NeedsValueError(str(err), node.output[0]) from None
+    except UnsupportedOpError as err:
+        raise UnsupportedOpError(f"node {name!r} ({node.op_type}), imported as the ONNX "
+                                 f"function defining it: {err}") from None
 
 
 def _attribute(attr: AttributeProto, node: str, op_type: str):

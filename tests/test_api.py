@@ -3,6 +3,7 @@ threads, and saved models that load without a compiler and refuse to be corrupte
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -14,15 +15,17 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import onnx
 import pytest
+from onnx import helper
 
 import treadle
-from tests.frontend.onnx_models import affine_model
+from tests.frontend.onnx_models import affine_model, make_model, tensor
 from tests.harness import assert_close, random_array, run_onnxruntime
 from treadle.config import override
 from treadle.errors import ArgumentError, CompileError, ModelError, ShapeError
 from treadle.graph.graph import Graph
 from treadle.graph.operator import apply
 from treadle.graph.tensor import Tensor
+from treadle.runtime.saved import from_data
 
 pytest.importorskip("onnxruntime")
 
@@ -181,7 +184,8 @@ def _corrupt_library(folder):
     (lambda folder: (folder / "manifest.json").unlink(), "not a saved treadle model"),
     (lambda folder: (folder / "manifest.json").write_text("{not json"), "corrupt"),
     (lambda folder: (folder / "constants.npz").unlink(), "constants.npz: missing"),
-    (lambda folder: (folder / "program.pkl").write_bytes(b"\x80\x05junk"), "program.pkl: corrupt"),
+    (lambda folder: (folder / "program.json").write_bytes(b"{}"), "program.json: corrupt"),
+    (lambda folder: (folder / "program.json").unlink(), "program.json: missing"),
     (_corrupt_library, r"\.so: corrupt"),
 ])
 def test_damaged_saves_fail_to_load_with_a_clear_error(compiled, tmp_path, damage, message):
@@ -218,7 +222,7 @@ def _retype_constant(folder):
     arrays[slot] = arrays[slot].astype(np.float64)[None]
     np.savez(folder / "constants.npz", **arrays)
     _rewrite(folder, "constants.npz", (folder / "constants.npz").read_bytes())
-    return pickle.loads((folder / "program.pkl").read_bytes())["slots"][int(slot)].name
+    return from_data(json.loads((folder / "program.json").read_text()), {}).slots[int(slot)].name
 
 
 def _drop_constants(folder):
@@ -262,6 +266,128 @@ def _child_environment(tmp_path) -> dict:
     source = os.path.dirname(os.path.dirname(treadle.__file__))
     return {**os.environ, "TREADLE_CC": NO_COMPILER, "TREADLE_CACHE_DIR": str(tmp_path / "cache"),
             "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])}
+
+
+def dense_softmax_model() -> onnx.ModelProto:
+    """softmax(reshape(relu(x @ w + b), [-1, 2, 2])) with x: float32[batch, 6]: a matrix
+    product with weights, a view and a row reduction, over a symbolic batch."""
+    rng = np.random.default_rng(7)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"], name="dense"),
+             helper.make_node("Add", ["xw", "b"], ["biased"], name="bias"),
+             helper.make_node("Relu", ["biased"], ["active"], name="relu"),
+             helper.make_node("Reshape", ["active", "pairs"], ["paired"], name="pair"),
+             helper.make_node("Softmax", ["paired"], ["y"], name="softmax", axis=-1)]
+    return make_model(nodes, [tensor("x", ["batch", 6])], [tensor("y", ["batch", 2, 2])],
+                      {"w": rng.standard_normal((6, 4)).astype(np.float32),
+                       "b": rng.standard_normal(4).astype(np.float32),
+                       "pairs": np.array([-1, 2, 2], np.int64)})
+
+
+def test_a_loaded_model_computes_what_it_did_before_saving(tmp_path):
+    model = treadle.compile(dense_softmax_model())
+    model.save(tmp_path / "saved")
+    loaded = treadle.load(tmp_path / "saved")
+    assert (loaded.input_names, loaded.output_names) == (["x"], ["y"])
+    assert loaded.executable.slots == model.executable.slots  # names, dtypes, symbolic dims
+    for batch in (4, 2039):
+        x = random_array((batch, 6), seed=batch)
+        np.testing.assert_array_equal(loaded(x)[0], model(x)[0])
+        assert_close(loaded(x)[0], run_onnxruntime(dense_softmax_model(), {"x": x})[0])
+    with pytest.raises(ShapeError, match="input 'x': expected shape"):  # checks kept too
+        loaded(random_array((3, 7)))
+
+
+class Payload:
+    """Unpickling one creates the file ``marker``: the proof that a load ran its code."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def _arrays(**arrays) -> bytes:
+    """An .npz archive of ``arrays``; numpy pickles an object array into it."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("file, pack", [
+    ("program.json", pickle.dumps),
+    ("constants.npz", lambda payload: _arrays(**{"0": np.array([payload], dtype=object)}))])
+def test_a_pickle_in_a_saved_model_is_refused_and_never_run(compiled, tmp_path, file, pack):
+    """The manifest agrees with the doctored file, as it would with a crafted folder."""
+    live = tmp_path / "live"
+    pickle.loads(pickle.dumps(Payload(live))).close()
+    assert live.exists()  # the payload does run when unpickled
+    compiled.save(tmp_path / "saved")
+    marker = tmp_path / "ran"
+    _rewrite(tmp_path / "saved", file, pack(Payload(marker)))
+    with pytest.raises(ModelError, match=re.escape(str(tmp_path / "saved" / file)) + ": not"):
+        treadle.load(tmp_path / "saved")
+    assert not marker.exists()
+
+
+def _edit_program(edit):
+    """Damage made by ``edit(data)`` on the program's JSON, which the manifest agrees with."""
+    def damage(folder):
+        data = json.loads((folder / "program.json").read_text())
+        edit(data)
+        _rewrite(folder, "program.json", json.dumps(data).encode())
+    return damage
+
+
+def _node(data: dict, kind: str) -> list:
+    return next(node for node in data["nodes"] if node[0] == kind)
+
+
+def _set_version(folder, version):
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "version": version}))
+
+
+@pytest.mark.parametrize("damage, file, message", [
+    (lambda f: _rewrite(f, "program.json", b"{not json"), "program.json", "not JSON"),
+    (lambda f: _rewrite(f, "program.json", b"\xff\xfe"), "program.json", "not JSON"),
+    (lambda f: _rewrite(f, "program.json", b"[1, 2]"), "program.json",
+     "not a treadle program"),
+    (_edit_program(lambda d: d.update(version=99)), "program.json",
+     "program format version 99; this treadle reads version 1"),
+    (lambda f: _set_version(f, 1), "manifest.json", "saved by format version 1"),
+    (_edit_program(lambda d: d.pop("steps")), "program.json", "lacks steps"),
+    (_edit_program(lambda d: d.update(name=["x"])), "program.json",
+     "program: field 'name' is tuple, expected str"),
+    (_edit_program(lambda d: d["nodes"].append(["os.system", "touch ran"])), "program.json",
+     r"node \d+: .*os.system.* is no node of a treadle program"),
+    (_edit_program(lambda d: _node(d, "Var").__setitem__(1, 3)), "program.json",
+     r"node \d+ \(Var\): field 'name' is int, expected str"),
+    (_edit_program(lambda d: _node(d, "DataType").__setitem__(1, "float33")), "program.json",
+     "unknown dtype 'float33'"),
+    (_edit_program(lambda d: _node(d, "Binary").__setitem__(1, "??")), "program.json",
+     r"\(Binary\): unknown binary op"),
+    (_edit_program(lambda d: _node(d, "Binary").__setitem__(2, {"#": 10 ** 6})),
+     "program.json", "refers to no earlier node"),
+    (_edit_program(lambda d: _node(d, "SavedStep").__setitem__(2, "elsewhere")),
+     "program.json", "calls 'elsewhere', which no library holds"),
+    (_edit_program(lambda d: _node(d, "SavedStep").__setitem__(3, [99])), "program.json",
+     "names slots the program lacks"),
+    (_edit_program(lambda d: d.update(inputs=[-1])), "program.json",
+     r"inputs \[-1\] name slots the program lacks"),
+    (lambda f: _rewrite(f, "constants.npz", b"junk"), "constants.npz",
+     "not an .npz archive"),
+    (lambda f: _rewrite(f, "constants.npz", _arrays(weights=np.zeros(5, np.float32))),
+     "constants.npz", "array 'weights' is named by no tensor slot"),
+])
+def test_a_damaged_program_is_a_model_error_naming_its_file(compiled, tmp_path, damage, file,
+                                                            message):
+    compiled.save(tmp_path / "saved")
+    damage(tmp_path / "saved")
+    with pytest.raises(ModelError) as raised:
+        treadle.load(tmp_path / "saved")
+    assert str(raised.value).startswith(str(tmp_path / "saved" / file) + ":"), raised.value
+    assert re.search(message, str(raised.value)), raised.value
 
 
 def test_loading_a_missing_directory_is_a_model_error(tmp_path):

@@ -3,7 +3,8 @@
 A saved model is a directory that runs without the compiler:
 
     manifest.json         format and version, and every other file with its sha256
-    program.pkl           tensor slots, the step list and the lowered IR of every kernel
+    program.json          tensor slots, the step list and the lowered IR of every kernel,
+                          as plain data (``runtime.saved``)
     constants.npz         the constant tensors, by slot
     kernels_<hash>.so     the shared objects, copied from the kernel cache (a model
                           compiled for CUDA has kernels_<hash>.cubin instead, and its
@@ -11,8 +12,9 @@ A saved model is a directory that runs without the compiler:
 
 Shared objects are named by content hash because the dynamic loader reuses a library
 already loaded from the same path, so a path must never name two different binaries.
-Loading checks every file's hash, then unpickles the program and loads the shared objects:
-a saved model is code, so load only saved models you trust, as with any shared object.
+Loading checks every file's hash, then reads the program as data, checking every field,
+and loads the shared objects: they are the only code a saved model holds, and they run,
+so load only saved models you trust, as with any shared object.
 Every file that is loaded must be listed with its hash, since opening a damaged shared
 object can kill the process (``backend.elf``); the constants must have the dtypes and
 shapes the program gives their tensors, and cover every tensor no step writes.
@@ -22,26 +24,29 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import re
 import shutil
 import sys
 import tempfile
+import threading
+import zipfile
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 
 from treadle.backend.build import sha256_of
 from treadle.compiler import compile_graph
-from treadle.errors import ModelError, NeedsValueError
+from treadle.errors import IRError, ModelError, NeedsValueError
 from treadle.graph.graph import Graph
 from treadle.graph.passes.infer_shapes import infer_shapes
 from treadle.runtime import pool
 from treadle.runtime.cuda_executor import CudaExecutable, CudaLaunches
 from treadle.runtime.executor import Executable, Step
 from treadle.runtime.module import load as load_library
+from treadle.runtime.saved import (Program, SavedKernel, SavedLibrary, SavedStep, from_data,
+                                   to_data)
 from treadle.specialise import SpecialisingModel, value_inputs
 from treadle.target.cpu import host
 from treadle.tune.dynamic import size_ranges
@@ -52,9 +57,9 @@ if TYPE_CHECKING:
     import torch
 
 FORMAT = "treadle-saved-model"
-VERSION = 1
+VERSION = 2  # 1 held the program as a pickle
 MANIFEST = "manifest.json"
-PROGRAM = "program.pkl"
+PROGRAM = "program.json"
 CONSTANTS = "constants.npz"
 RUNNER = "step_runner.so"  # the step runner (runtime.step_runner); older saves have none
 POOL = "thread_pool.so"  # the thread pool (runtime.pool); older saves have none
@@ -91,6 +96,32 @@ class CompiledModel:
                f"outputs={self.output_names})"
 
 
+class CompiledModule(CompiledModel):
+    """A compiled ``torch.nn.Module``, called as the module is: it returns what the module
+    returns (a tensor, a tuple, a dict, nested), as torch tensors where it is called with
+    tensors. Its kernels hold the parameters and buffers as constants, so a call after
+    one changed (written in place, ``load_state_dict``, given new memory) compiles the
+    module again first. Saved and loaded, it returns the list of a ``CompiledModel``."""
+
+    def __init__(self, module: torch.nn.Module, compile_module: Callable[[], tuple]):
+        from treadle.frontend.torch import Weights
+        self.weights = Weights(module)
+        self.stamp = self.weights.stamp()  # before compiling reads them
+        self.compile_module = compile_module
+        self.lock = threading.Lock()
+        model, self.returns = compile_module()
+        super().__init__(model.executable, model.name)
+
+    def __call__(self, *args, **named):
+        with self.lock:
+            stamp = self.weights.stamp()
+            if stamp != self.stamp:
+                model, self.returns = self.compile_module()
+                self.executable, self.stamp = model.executable, stamp
+            executable, returns = self.executable, self.returns
+        return returns.arrange(executable(*args, **named), (*args, *named.values()))
+
+
 def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.nn.Module,
             example_inputs=None, *, name: str | None = None, tune: int | str = 0,
             shapes: Mapping[str, Sequence] | None = None,
@@ -99,7 +130,8 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
             ) -> CompiledModel | SpecialisingModel:
     """Compiles an ONNX model (a file path, its serialized bytes or an ``onnx.ModelProto``),
     a treadle graph, or a ``torch.nn.Module`` in eval mode called on ``example_inputs`` (a
-    tensor or a tuple of them; traced by ``torch.export``, weights become constants).
+    tensor or a tuple of them; traced by ``torch.export``, weights become constants),
+    which gives a ``CompiledModule`` returning what the module returns.
 
     ``tune`` picks how template schedules (matrix multiplications, convolutions) are
     chosen: 0 an analytic default for this CPU, 1 the fastest of a small measured space,
@@ -134,18 +166,18 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
     with each distinct content (``treadle.specialise``)."""
     if tune not in LEVELS:
         raise ValueError(f"tune={tune!r}: expected one of {', '.join(map(repr, LEVELS))}")
+    strategy = "orchestrate" if orchestrate else "greedy"
+    device = _target(target)
     if _is_module(model):
-        from treadle.frontend.torch import from_module
-        model, dynamic = from_module(model, example_inputs, dynamic=dynamic, name=name), None
-    elif example_inputs is not None:
+        return CompiledModule(model, lambda: _compile_module(
+            model, example_inputs, dynamic, name, tune, shapes, strategy, device))
+    if example_inputs is not None:
         raise TypeError("example_inputs are for torch modules; an ONNX model or a graph "
                         "declares its inputs")
     ranges = size_ranges(dynamic) if dynamic else {}
     if ranges and isinstance(tune, str):
         raise ValueError(f"tune={tune!r} does not combine with dynamic=: dynamic shapes are "
                          "tuned by measurement (tune=0, 1 or 2)")
-    strategy = "orchestrate" if orchestrate else "greedy"
-    device = _target(target)
     try:
         return _compile(model, name, tune, shapes, ranges, strategy, device)
     except NeedsValueError as err:
@@ -163,6 +195,15 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
 def _is_module(model) -> bool:
     torch = sys.modules.get("torch")  # a module can only exist once torch is imported
     return torch is not None and isinstance(model, torch.nn.Module)
+
+
+def _compile_module(module: torch.nn.Module, example_inputs, dynamic, name: str | None,
+                    tune: int | str, shapes, strategy: str, target) -> tuple:
+    """The module traced by ``torch.export`` and compiled, and how it returns its outputs
+    (``frontend.torch.Returns``)."""
+    from treadle.frontend.torch import from_module
+    graph, returns = from_module(module, example_inputs, dynamic=dynamic, name=name)
+    return _compile(graph, name, tune, shapes, {}, strategy, target), returns
 
 
 def _compile(model, name: str | None, tune: int | str, shapes, ranges, strategy: str,
@@ -264,14 +305,14 @@ def _replace_previous(directory: Path, staging: Path, files: list[str]) -> None:
 def _write(model: CompiledModel, folder: Path) -> None:
     ex = model.executable
     cuda = isinstance(ex, CudaExecutable)
-    library_table = _write_cubins(ex, folder) if cuda else _write_libraries(ex, folder)
-    program = {"name": model.name, "slots": ex.slots, "inputs": ex.inputs,
-               "outputs": ex.outputs, "libraries": library_table,
-               "steps": [(s.name, None if s.kernel is None else s.kernel.function.name,
-                          s.args, s.outputs, s.workspaces) for s in ex.steps]}
-    (folder / PROGRAM).write_bytes(pickle.dumps(program, protocol=pickle.HIGHEST_PROTOCOL))
-    np.savez(folder / CONSTANTS, **{str(k): v for k, v in ex.constants.items()})
-    names = [PROGRAM, CONSTANTS, *(file for file, _ in library_table)]
+    libraries = _write_cubins(ex, folder) if cuda else _write_libraries(ex, folder)
+    steps = tuple(SavedStep(s.name, None if s.kernel is None else s.kernel.function.name,
+                            s.args, s.outputs, s.workspaces) for s in ex.steps)
+    data, arrays = to_data(Program(model.name, ex.slots, ex.inputs, ex.outputs, libraries,
+                                   steps, ex.constants))
+    (folder / PROGRAM).write_text(json.dumps(data, separators=(",", ":"), allow_nan=False))
+    np.savez(folder / CONSTANTS, **arrays)
+    names = [PROGRAM, CONSTANTS, *(library.file for library in libraries)]
     if ex.runner is not None:
         shutil.copyfile(ex.runner, folder / RUNNER)
         names.append(RUNNER)
@@ -287,34 +328,35 @@ def _write(model: CompiledModel, folder: Path) -> None:
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
-def _write_libraries(ex: Executable, folder: Path) -> list:
+def _write_libraries(ex: Executable, folder: Path) -> tuple[SavedLibrary, ...]:
     """The shared objects, each with the functions it defines."""
-    libraries: dict[Path, list] = {}
+    libraries: dict[Path, dict] = {}
     for step in ex.steps:
         if step.kernel is not None:
-            libraries.setdefault(step.kernel.path, []).append(step.kernel.function)
+            function = step.kernel.function
+            libraries.setdefault(step.kernel.path, {})[function.name] = SavedKernel(function)
     table = []
-    for path, functions in libraries.items():
+    for path, kernels in libraries.items():
         file = f"kernels_{sha256_of(path)[:32]}.so"
         shutil.copyfile(path, folder / file)
-        table.append((file, list({f.name: f for f in functions}.values())))
-    return table
+        table.append(SavedLibrary(file, tuple(kernels.values())))
+    return tuple(table)
 
 
-def _write_cubins(ex: CudaExecutable, folder: Path) -> list:
+def _write_cubins(ex: CudaExecutable, folder: Path) -> tuple[SavedLibrary, ...]:
     """The cubins, each with the (fused function, its launches) it holds."""
     cubins: dict[bytes, dict] = {}
     for step in ex.steps:
         if step.kernel is not None:
             kernel = step.kernel
-            cubins.setdefault(kernel.cubin, {})[kernel.function.name] = (kernel.function,
-                                                                         kernel.launches)
+            cubins.setdefault(kernel.cubin, {})[kernel.function.name] = SavedKernel(
+                kernel.function, kernel.launches)
     table = []
-    for cubin, functions in cubins.items():
+    for cubin, kernels in cubins.items():
         file = f"kernels_{hashlib.sha256(cubin).hexdigest()[:32]}.cubin"
         (folder / file).write_bytes(cubin)
-        table.append((file, list(functions.values())))
-    return table
+        table.append(SavedLibrary(file, tuple(kernels.values())))
+    return tuple(table)
 
 
 # ---- loading -------------------------------------------------------------------------------
@@ -340,50 +382,55 @@ def load(directory: str | os.PathLike) -> CompiledModel:
         return _load_program(folder, manifest["files"], arch)
     except ModelError:
         raise
-    except (pickle.UnpicklingError, EOFError, ImportError, AttributeError, KeyError,
-            TypeError, ValueError, OSError) as err:
+    except (OSError, IRError, AttributeError, KeyError, TypeError, ValueError) as err:
         raise ModelError(f"{folder}: cannot load the saved model ({err})") from None
 
 
 def _load_program(folder: Path, listed: Mapping[str, str], arch: str | None
                   ) -> CompiledModel:
-    program = pickle.loads((folder / PROGRAM).read_bytes())
-    with np.load(folder / CONSTANTS) as npz:
-        constants = {int(k): npz[k] for k in npz.files}
-    _check_constants(folder / CONSTANTS, program["slots"], constants)
+    program = from_data(_read_json(folder / PROGRAM), _read_arrays(folder / CONSTANTS),
+                        str(folder / PROGRAM), str(folder / CONSTANTS))
     kernels = {}
-    for file, functions in program["libraries"]:
-        if file not in listed:
-            raise ModelError(f"{folder / file}: not listed in the manifest, so its integrity "
-                             "cannot be checked")
+    for library in program.libraries:
+        path = folder / library.file
+        if library.file not in listed:
+            raise ModelError(f"{path}: not listed in the manifest, so its integrity cannot be "
+                             "checked")
         if arch is None:
-            kernels.update(load_library(folder / file, functions).functions)
+            kernels.update(load_library(path, [k.function for k in library.kernels]).functions)
             continue
-        cubin = (folder / file).read_bytes()
-        kernels.update((f.name, CudaLaunches(f, tuple(launched), cubin, arch))
-                       for f, launched in functions)
-    steps = [Step(name, None if fn is None else kernels[fn], args, outputs, workspaces)
-             for name, fn, args, outputs, workspaces in program["steps"]]
+        cubin = path.read_bytes()
+        kernels.update((k.function.name, CudaLaunches(k.function, k.launches, cubin, arch))
+                       for k in library.kernels)
+    steps = [Step(s.name, None if s.kernel is None else kernels[s.kernel], s.args, s.outputs,
+                  s.workspaces) for s in program.steps]
     runner = folder / RUNNER if RUNNER in listed else None
-    io = (program["slots"], program["inputs"], program["outputs"], constants, steps)
+    io = (program.slots, program.inputs, program.outputs, program.constants, steps)
     executable = Executable(*io, runner) if arch is None else CudaExecutable(*io, arch)
     unwritten = sorted({tensor for _, tensor in executable.reads_before_writes()})
     if unwritten:
         raise ModelError(f"{folder / CONSTANTS}: lacks the constants {', '.join(unwritten)}")
-    return CompiledModel(executable, program["name"])
+    return CompiledModel(executable, program.name)
 
 
-def _check_constants(path: Path, slots: Sequence, constants: Mapping[int, np.ndarray]) -> None:
-    """Each constant must be what the kernels were compiled to read: they take addresses,
-    so a wrong dtype or shape would be read as garbage or past the end."""
-    for slot, array in constants.items():
-        if not 0 <= slot < len(slots):
-            raise ModelError(f"{path}: constant {slot} is no tensor of the program")
-        tensor = slots[slot]
-        if array.dtype != tensor.dtype.numpy or array.shape != tuple(tensor.shape):
-            raise ModelError(f"{path}: constant {tensor.name!r} is {array.dtype}"
-                             f"{list(array.shape)}; the program expects {tensor.dtype}"
-                             f"{list(tensor.shape)}")
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as err:  # undecodable bytes are a ValueError too
+        raise ModelError(f"{path}: not JSON, so no treadle program ({err})") from None
+
+
+def _read_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an .npz archive; with numpy's allow_pickle=False an object array is
+    refused, never unpickled."""
+    try:
+        archive = np.load(path)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise ValueError("one array, not an .npz archive of them")
+        with archive:
+            return {name: archive[name] for name in archive.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        raise ModelError(f"{path}: not an .npz archive of plain arrays ({err})") from None
 
 
 def _read_manifest(folder: Path) -> dict:

@@ -1463,3 +1463,92 @@ def _grid_sample(call: Call, x, grid, mode, padding, align_corners):
 @aten("pixel_shuffle.default")
 def _pixel_shuffle(call: Call, x, factor):
     return call.op("DepthToSpace", x, blocksize=factor, mode="CRD")
+
+
+# ---- recurrent layers ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Recurrent:
+    """A torch recurrent layer as the ONNX operator: its op, the ONNX gate order as the
+    positions of torch's gates (LSTM i f g o -> i o f c, GRU r z n -> z r h), and the
+    attributes that differ from ONNX's defaults: torch's GRU resets R's product, not the
+    state it multiplies."""
+    op: str
+    gates: tuple[int, ...]
+    attrs: tuple[tuple[str, object], ...] = ()
+
+
+RECURRENT = {"lstm": Recurrent("LSTM", (0, 3, 1, 2)),
+             "gru": Recurrent("GRU", (1, 0, 2), (("linear_before_reset", 1),)),
+             "rnn_tanh": Recurrent("RNN", (0,)),
+             "rnn_relu": Recurrent("RNN", (0,), (("activations", ("Relu",)),))}
+
+
+@aten("lstm.input", "gru.input", "rnn_tanh.input", "rnn_relu.input")
+def _recurrent(call: Call, x, hx, params, has_biases, num_layers, dropout, train,
+               bidirectional, batch_first):
+    """A whole stack of layers, one ONNX node each (layout 1 when batch first), over the
+    sequence length as it came (symbolic, where torch left it so); the states' [layers *
+    directions, batch, hidden] are sliced into each layer's, and its final ones
+    concatenated back. Packed sequences (``lstm.data``) have no converter."""
+    kind = RECURRENT[call.node.target._opname]
+    dirs = 2 if bidirectional else 1
+    per = 4 if has_biases else 2
+    if train and dropout:
+        raise UnsupportedOpError(f"{call.where}: dropout between layers in training mode")
+    if len(params) != num_layers * dirs * per:
+        raise UnsupportedOpError(f"{call.where}: {len(params)} weights for {num_layers} "
+                                 f"layer(s); projections (proj_size) are not supported")
+    states = list(hx) if isinstance(hx, (list, tuple)) else [hx]
+    finals: list[list[Tensor]] = [[] for _ in states]
+    for layer in range(num_layers):
+        weights = params[layer * dirs * per:(layer + 1) * dirs * per]
+        outputs = _recurrent_layer(call, kind, x, weights, per, [
+            _layer_state(call, s, layer, dirs, batch_first) for s in states], batch_first)
+        x = _layer_output(call, outputs[0], batch_first)
+        for final, state in zip(finals, outputs[1:]):
+            final.append(call.op("Transpose", state, perm=[1, 0, 2]) if batch_first else state)
+    return (x, *(call.op("Concat", *final, axis=0) for final in finals))
+
+
+def _recurrent_layer(call: Call, kind: Recurrent, x: Tensor, weights: Sequence[Tensor],
+                     per: int, states: list[Tensor], batch_first: bool) -> list[Tensor]:
+    """One layer's node: W, R and B stacked by direction in ONNX's gate order."""
+    dirs = len(weights) // per
+    hidden = weights[1].shape[1]
+
+    def stacked(k: int) -> Tensor:
+        return call.op("Concat", *(call.op("Unsqueeze", _onnx_gates(call, kind, w, hidden),
+                                           call.ints([0]))
+                                   for w in weights[k::per]), axis=0)
+    bias = call.op("Concat", stacked(2), stacked(3), axis=1) if per == 4 else None
+    direction = "bidirectional" if dirs == 2 else "forward"
+    attrs = {key: list(value) * dirs if key == "activations" else value
+             for key, value in kind.attrs}
+    count = 3 if kind.op == "LSTM" else 2
+    return call.op(kind.op, x, stacked(0), stacked(1), bias, None, *states, outputs=count,
+                   hidden_size=hidden, direction=direction, layout=int(batch_first), **attrs)
+
+
+def _onnx_gates(call: Call, kind: Recurrent, w: Tensor, hidden: int) -> Tensor:
+    """Torch's rows of gates (weights or a bias) in ONNX's order."""
+    if len(kind.gates) == 1:
+        return w
+    rows = [g * hidden + j for g in kind.gates for j in range(hidden)]
+    return call.op("Gather", w, call.ints(rows), axis=0)
+
+
+def _layer_state(call: Call, state: Tensor, layer: int, dirs: int, batch_first: bool
+                 ) -> Tensor:
+    """A layer's initial state from torch's [layers * directions, batch, hidden], batch
+    first for layout 1."""
+    own = call.op("Gather", state, call.ints(range(layer * dirs, (layer + 1) * dirs)), axis=0)
+    return call.op("Transpose", own, perm=[1, 0, 2]) if batch_first else own
+
+
+def _layer_output(call: Call, y: Tensor, batch_first: bool) -> Tensor:
+    """ONNX's Y ([seq, directions, batch, hidden], or [batch, seq, directions, hidden]) as
+    torch's output, the directions side by side in each row."""
+    if not batch_first:
+        y = call.op("Transpose", y, perm=[0, 2, 1, 3])
+    return call.op("Reshape", y, call.ints([0, 0, -1]))

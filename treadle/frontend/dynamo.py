@@ -4,8 +4,14 @@ lowers it to ATen operators, and treadle compiles every part it supports.
 The backend is registered through the ``torch_dynamo_backends`` entry point, so it needs
 no import. Compilation waits for the first call: AOTAutograd hands over fake tensors, and
 the parameters and buffers (its static inputs) must be real to become constants, which lets
-treadle fold and pack them. They are frozen then, as for any inference compiler: change a
-weight in place and compile again.
+treadle fold and pack them. Each call compares their version counters and addresses with
+those compiled, and compiles again when one changed (``load_state_dict``, a write under
+``no_grad``, a new tensor); a write through ``.data`` bumps no counter and goes unseen.
+
+Results take the memory layout eager gives them (channels_last stays channels_last): the
+traced graph's outputs carry eager's strides, and treadle's row-major results are copied
+into that order. Dynamo's size symbols are named by the input dimension they came from
+(``x.shape[1]``), so errors and dumps speak of the user's tensors.
 
 ATen nodes without a converter split the graph (``torch.fx``'s capability partitioner):
 the supported pieces run in treadle, the rest in eager, and one warning lists the ops. A
@@ -27,6 +33,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from treadle.errors import TreadleError, UnsupportedOpError
+from treadle.frontend.torch import from_aten, tensor_of, torch_dtype, versions
 
 OPTIONS = ("tune", "orchestrate", "dynamic")
 
@@ -63,9 +70,11 @@ def treadle_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
 
 # Composite ops AOTAutograd would decompose into gathers (``_unsafe_index``) that treadle
-# imports as one Resize each, which it fuses and vectorises.
+# imports as one Resize each, which it fuses and vectorises; and recurrent layers, which it
+# would unroll over the sequence, node by node (whole, each is one recurrent node).
 PRESERVED = ("upsample_nearest2d.vec", "upsample_bilinear2d.vec", "upsample_nearest1d.vec",
-             "upsample_linear1d.vec")
+             "upsample_linear1d.vec", "lstm.input", "gru.input", "rnn_tanh.input",
+             "rnn_relu.input")
 
 
 @contextlib.contextmanager
@@ -114,11 +123,15 @@ def _plain(metadata, runner: Optional["_LazyRunner"], arguments: int) -> bool:
 
 
 class _LazyRunner:
-    """Compiles at the first call, when the static inputs (weights) hold real values."""
+    """Compiles at the first call, when the static inputs (weights) hold real values, and
+    again at a call where one of them changed since."""
 
     def __init__(self, gm: torch.fx.GraphModule, static: set[int], options: Mapping):
         self.gm, self.static, self.options = gm, static, options
+        self.positions = sorted(static)
+        self.layouts = _layouts(gm)
         self.run: Optional[Callable] = None
+        self.stamp: Optional[tuple] = None
 
     def __call__(self, args: list) -> Any:
         result = self.direct(*args)
@@ -126,9 +139,46 @@ class _LazyRunner:
         return result
 
     def direct(self, *args) -> Any:
-        if self.run is None:
+        stamp = versions([args[k] for k in self.positions])
+        if stamp != self.stamp:
             self.run = split_and_compile(self.gm, self.static, args, self.options)
-        return self.run(*args)
+            self.stamp = stamp
+        outputs = self.run(*args)
+        return _restride(outputs, self.layouts) if self.layouts else outputs
+
+
+def _layouts(gm: torch.fx.GraphModule) -> list[tuple[int, tuple, tuple]]:
+    """(position, order, inverse) of each output that eager lays out other than row-major,
+    its dimensions ``order``ed from the outermost in memory to the innermost."""
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    layouts = []
+    for k, node in enumerate(out if isinstance(out, (tuple, list)) else [out]):
+        value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        order = _order(value) if isinstance(value, torch.Tensor) else None
+        if order is not None and order != tuple(range(len(order))):
+            inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
+            layouts.append((k, order, inverse))
+    return layouts
+
+
+def _order(value: torch.Tensor) -> Optional[tuple[int, ...]]:
+    """The dimensions by decreasing stride (channels_last: N, H, W, C), equal strides of
+    size-1 dimensions in logical order; None where a stride has no hint."""
+    strides = [s if isinstance(s, int) else s.node.hint for s in value.stride()]
+    if any(s is None for s in strides):
+        return None
+    return tuple(sorted(range(value.dim()), key=lambda d: (-strides[d], d)))
+
+
+def _restride(outputs, layouts: list) -> Any:
+    """``outputs`` with each one that ``layouts`` names copied into that memory order
+    (none is copied that already has it)."""
+    single = not isinstance(outputs, (tuple, list))
+    laid = [outputs] if single else list(outputs)
+    for k, order, inverse in layouts:
+        if isinstance(laid[k], torch.Tensor):
+            laid[k] = laid[k].permute(order).contiguous().permute(inverse)
+    return laid[0] if single else type(outputs)(laid)
 
 
 class _Supported(OperatorSupportBase):
@@ -144,7 +194,6 @@ class _Supported(OperatorSupportBase):
 
 
 def _tensors_supported(node: torch.fx.Node) -> bool:
-    from treadle.frontend.torch import torch_dtype
     values = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
     for value in values:
         for v in value if isinstance(value, (list, tuple)) else [value]:
@@ -158,8 +207,9 @@ def _tensors_supported(node: torch.fx.Node) -> bool:
 
 def split_and_compile(gm: torch.fx.GraphModule, static: set[int], args: Sequence,
                       options: Mapping) -> Callable:
-    """The graph with its supported parts compiled by treadle; ``args`` are the first
-    call's arguments, of which those at ``static`` positions become constants."""
+    """The graph with its supported parts compiled by treadle; ``args`` are the
+    arguments of the call that compiles it, those at ``static`` positions constants."""
+    gm = _copy(gm)  # the partitioner rewrites the graph it splits
     frozen = {p.name: args[k] for k, p in enumerate(_placeholders(gm)) if k in static}
     partitioner = CapabilityBasedPartitioner(gm, _Supported(), allows_single_node_partition=True)
     partitions = partitioner.propose_partitions()
@@ -174,6 +224,12 @@ def split_and_compile(gm: torch.fx.GraphModule, static: set[int], args: Sequence
                          and arg.name in frozen}
             setattr(split, node.target, _compile_piece(piece, constants, node.target, options))
     return split
+
+
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    return torch.fx.GraphModule(gm, graph)
 
 
 def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
@@ -195,9 +251,8 @@ def _compile_piece(piece: torch.fx.GraphModule, constants: Mapping[str, torch.Te
     """A treadle-compiled piece, or the piece itself (run in eager) when treadle refuses
     it, with a warning saying why."""
     import treadle
-    from treadle.frontend.torch import from_aten
     try:
-        graph = from_aten(piece, constants, name=name)
+        graph = from_aten(piece, constants, name=name, symbols=_symbol_names(piece))
         dynamic = _ranges(graph, options.get("dynamic"))
         model = treadle.compile(graph, tune=options.get("tune", 0),
                                 orchestrate=options.get("orchestrate", False),
@@ -211,6 +266,29 @@ def _compile_piece(piece: torch.fx.GraphModule, constants: Mapping[str, torch.Te
                       stacklevel=4)
         return piece
     return _Piece(model, piece, constants)
+
+
+def _symbol_names(piece: torch.fx.GraphModule) -> dict[str, str]:
+    """Each size symbol of the piece's inputs named by the first input dimension dynamo
+    took it from (``x.shape[1]``), or by dynamo's description of its source."""
+    names = {}
+    for node in _placeholders(piece):
+        value = node.meta.get("val")
+        for size in value.shape if isinstance(value, torch.Tensor) else [value]:
+            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                sources = size.node.shape_env.var_to_sources.get(size.node.expr)
+                if sources:
+                    names[size.node.expr.name] = _source_name(sources[0])
+    return names
+
+
+def _source_name(source) -> str:
+    """``x.shape[1]`` for the size of a local tensor, dynamo's own name otherwise."""
+    from torch._dynamo.source import LocalSource, TensorProperty, TensorPropertySource
+    if isinstance(source, TensorPropertySource) and source.prop is TensorProperty.SIZE \
+            and isinstance(source.base, LocalSource):
+        return f"{source.base.local_name}.shape[{source.idx}]"
+    return source.name
 
 
 def _ranges(graph, dynamic) -> Optional[dict]:
@@ -238,7 +316,7 @@ class _Piece(torch.nn.Module):
 
     def forward(self, *args):
         inputs = [_array(args[k]) for k in self.tensor_positions]
-        outputs = [_tensor(o, dtype) for o, dtype in
+        outputs = [tensor_of(o, dtype) for o, dtype in
                    zip(self.model(*inputs), self.output_dtypes)]
         return tuple(outputs) if self.returns_tuple else outputs[0]
 
@@ -250,8 +328,3 @@ def _array(tensor: torch.Tensor):
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view("uint16")
     return tensor.numpy()
-
-
-def _tensor(array, dtype: torch.dtype) -> torch.Tensor:
-    tensor = torch.from_numpy(array)
-    return tensor.view(dtype) if dtype == torch.bfloat16 else tensor

@@ -17,16 +17,23 @@ are refused.
 Sizes are read from each node's fake tensor (``meta["val"]``), so symbolic sizes
 (``SymInt``) arrive as sympy expressions over the shape environment's symbols, which become
 treadle symbols of the same names (or the names a caller gives them).
+
+A compiled module is called as the module is: ``Returns`` puts the graph's outputs back
+into the structure the module returns, and ``Weights`` stamps the parameters and buffers,
+so that a change since compiling, which the kernels holding them as constants would not
+see, is noticed.
 """
 from __future__ import annotations
 
+import operator
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.fx
+import torch.utils._pytree
 
 from treadle.errors import ModelError, UnsupportedOpError
 from treadle.graph.graph import Graph
@@ -54,6 +61,62 @@ def numpy_of(tensor: torch.Tensor) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(np.uint16).copy()
     return tensor.numpy().copy()
+
+
+# ---- calling a compiled module --------------------------------------------------------
+
+def versions(tensors: Sequence[torch.Tensor]) -> tuple[list[int], list[int]]:
+    """The tensors' version counters and addresses, which a compiled model holding the
+    tensors as constants compares at each call: a counter moves with every write in
+    place (``load_state_dict``, ``mul_`` under ``no_grad``; not a write through
+    ``.data``), an address when the tensor is given new memory (``weight.data = w``)."""
+    # Two maps over the C getters take a third less time than one list of pairs.
+    return list(map(_VERSION, tensors)), list(map(torch.Tensor.data_ptr, tensors))
+
+
+_VERSION = operator.attrgetter("_version")
+
+
+def tensor_of(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor sharing ``array``'s memory, of ``dtype`` (bfloat16 arrives as raw bits)."""
+    tensor = torch.from_numpy(array)
+    return tensor.view(dtype) if dtype == torch.bfloat16 else tensor
+
+
+class Weights:
+    """A module's parameters and buffers: ``stamp()`` is their ``versions``, which differ
+    from an earlier stamp once any was written or replaced. It reads each tensor through
+    its module's tables, so an attribute given a new tensor is seen too."""
+
+    def __init__(self, module: torch.nn.Module):
+        held = [(table, name) for m in module.modules()
+                for table in (m._parameters, m._buffers)
+                for name, tensor in table.items() if tensor is not None]
+        self.tables, self.names = [t for t, _ in held], [n for _, n in held]
+
+    def stamp(self) -> tuple[list[int], list[int]]:
+        return versions(list(map(dict.__getitem__, self.tables, self.names)))
+
+
+@dataclass(frozen=True)
+class Returns:
+    """How a module returns the graph's outputs: the pytree of its return value (a tensor,
+    a tuple, a dict, nested), each output's dtype, and the leaves that are no tensor (a
+    ``None``, a number) by position."""
+    spec: Any  # torch.utils._pytree.TreeSpec
+    dtypes: tuple[torch.dtype, ...]
+    constants: Mapping[int, Any]
+
+    def arrange(self, outputs: Sequence, arguments: Iterable) -> Any:
+        """``outputs`` as the module returns them: as tensors when any of the call's
+        ``arguments`` is one, else as the arrays they are."""
+        if any(isinstance(a, torch.Tensor) for a in arguments):
+            outputs = [tensor_of(o, d) if isinstance(o, np.ndarray) else o
+                       for o, d in zip(outputs, self.dtypes)]
+        computed = iter(outputs)
+        leaves = [self.constants[k] if k in self.constants else next(computed)
+                  for k in range(self.spec.num_leaves)]
+        return torch.utils._pytree.tree_unflatten(leaves, self.spec)
 
 
 # ---- symbolic sizes --------------------------------------------------------------------
@@ -272,11 +335,12 @@ def _returned(program: "torch.export.ExportedProgram") -> list[int]:
     write into its inputs, left out with a warning, or into its buffers or parameters,
     refused: the compiled model holds them as constants, so later calls would not see the
     write."""
-    from torch.export.graph_signature import OutputKind
+    from torch.export.graph_signature import ConstantArgument, OutputKind
     returned, written = [], []
     for k, spec in enumerate(program.graph_signature.output_specs):
         if spec.kind == OutputKind.USER_OUTPUT:
-            returned.append(k)
+            if not isinstance(spec.arg, ConstantArgument):  # no tensor: Returns has it
+                returned.append(k)
         elif spec.kind == OutputKind.USER_INPUT_MUTATION:
             written.append(f"{spec.target!r} (node {spec.arg.name!r})")
         elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION):
@@ -294,11 +358,12 @@ def _returned(program: "torch.export.ExportedProgram") -> list[int]:
 
 def from_module(module: torch.nn.Module, example_inputs: Sequence, *,
                 dynamic: Optional[Mapping[str, Mapping[int, object]]] = None,
-                name: Optional[str] = None) -> Graph:
+                name: Optional[str] = None) -> tuple[Graph, Returns]:
     """The graph of ``module`` called on ``example_inputs`` (a tensor or a tuple), traced by
-    ``torch.export`` in inference mode. ``dynamic`` makes dimensions symbolic, by argument
-    name and axis: ``{"x": {1: "seq"}}``; a value may also be a ``torch.export.Dim``, whose
-    bounds export checks. The graph's symbols take those names."""
+    ``torch.export`` in inference mode, and how the module returns its outputs.
+    ``dynamic`` makes dimensions symbolic, by argument name and axis: ``{"x": {1: "seq"}}``;
+    a value may also be a ``torch.export.Dim``, whose bounds export checks. The graph's
+    symbols take those names."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {type(module).__name__}")
     if module.training:
@@ -309,8 +374,19 @@ def from_module(module: torch.nn.Module, example_inputs: Sequence, *,
     shapes, names = _dynamic_shapes(module, args, dynamic or {})
     with torch.no_grad():
         program = torch.export.export(module, args, dynamic_shapes=shapes)
-    return from_exported(program, name or type(module).__name__,
-                         _symbol_names(program, names))
+    graph = from_exported(program, name or type(module).__name__,
+                          _symbol_names(program, names))
+    dtypes = tuple(getattr(torch, t.dtype.name) for t in graph.outputs)
+    return graph, Returns(program.call_spec.out_spec, dtypes, _constant_outputs(program))
+
+
+def _constant_outputs(program: "torch.export.ExportedProgram") -> dict[int, Any]:
+    """The module's returned values that are no tensor, by position among those it
+    returns."""
+    from torch.export.graph_signature import ConstantArgument, OutputKind
+    returned = [spec.arg for spec in program.graph_signature.output_specs
+                if spec.kind == OutputKind.USER_OUTPUT]
+    return {k: arg.value for k, arg in enumerate(returned) if isinstance(arg, ConstantArgument)}
 
 
 def _dynamic_shapes(module: torch.nn.Module, args: tuple, dynamic: Mapping):

@@ -7,7 +7,8 @@ still running after the timeout is killed and counted as failed. Each case ends 
   passed       every output has the expected shape, dtype and values (the case's rtol
                and atol, by default 1e-3 and 1e-7 as in ONNX's own runner, which allows
                bfloat16 outputs an rtol of 2**-6); expected are ONNX Runtime's outputs
-               for the few cases in AS_ONNXRUNTIME, listed with the report;
+               for the few cases in AS_ONNXRUNTIME, and a few cases take the atol in
+               ATOL, each listed with the report;
   failed       wrong numbers, a crash, a timeout, or any error other than the one below:
                the cases are valid models, so a ShapeError or DTypeError while compiling
                one means treadle's shape or dtype rules disagree with ONNX's;
@@ -43,7 +44,15 @@ BFLOAT16_RTOL = 2 ** -6
 AS_ONNXRUNTIME = {
     "test_resize_downsample_scales_linear_align_corners":
         "align_corners with scales divides by the rounded output length",
+    "test_resize_downsample_scales_cubic_align_corners":
+        "align_corners with scales divides by the rounded output length",
 }
+
+# Cases whose expected values that are exactly 0 carry the reference's float32 rounding
+# beyond the case's atol of 1e-7: compared with this atol instead.
+ATOL = {f"test_dft_inverse{suffix}": (1e-6, "the reference's inverse FFT leaves 1.9e-7 "
+                                            "where the exact value is 0 (treadle: 3e-15)")
+        for suffix in ("", "_opset19")}
 
 
 @dataclass(frozen=True)
@@ -102,14 +111,16 @@ def run_case(case: Case) -> Outcome:
             if case.name in AS_ONNXRUNTIME:
                 expected = _onnxruntime(case.model, [_array(v) for v in inputs])
             outputs = rep.run([_array(v) for v in inputs])
-            problem = compare(list(outputs), [_array(v) for v in expected], case.rtol, case.atol)
+            atol = ATOL.get(case.name, (case.atol,))[0]
+            problem = compare(list(outputs), [_array(v) for v in expected], case.rtol, atol)
         except UnsupportedOpError as err:
             return Outcome(case.name, UNSUPPORTED, first_line(err))
         except Exception as err:  # noqa: BLE001
             problem = f"{type(err).__name__}: {first_line(err)}"
         if problem:
             return Outcome(case.name, FAILED, f"data set {k}: {problem}")
-    return Outcome(case.name, PASSED, AS_ONNXRUNTIME.get(case.name, ""))
+    return Outcome(case.name, PASSED, AS_ONNXRUNTIME.get(case.name, ATOL.get(case.name,
+                                                                           (0, ""))[1]))
 
 
 def _onnxruntime(model: bytes, inputs: list[np.ndarray]) -> list[np.ndarray]:

@@ -384,7 +384,7 @@ def test_a_reshape_target_computed_in_float_from_a_static_size():
 
 def test_a_bicubic_resize_to_the_same_size_copies_its_input():
     """Dinov2 resizes its position embeddings bicubically to the grid they were trained
-    at; a cubic resize to another size is still refused, naming the node."""
+    at, which copies them; to another grid, they are interpolated."""
     def resize(out: int) -> onnx.ModelProto:
         node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="grid",
                                 mode="cubic")
@@ -393,5 +393,6 @@ def test_a_bicubic_resize_to_the_same_size_copies_its_input():
     x = random_array((1, 4, 7, 7))
     model = resize(7)
     assert_close(treadle.compile(model)(x)[0], run_onnxruntime(model, {"x": x})[0])
-    with pytest.raises(UnsupportedOpError, match="grid.*cubic"):
-        treadle.compile(resize(9))
+    np.testing.assert_array_equal(treadle.compile(model)(x)[0], x)
+    model = resize(9)
+    assert_close(treadle.compile(model)(x)[0], run_onnxruntime(model, {"x": x})[0])

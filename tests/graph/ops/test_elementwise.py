@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.harness import assert_close, random_array, run_graph
+from tests.harness import assert_close, random_array, run_graph, run_onnxruntime
 from treadle.compiler import compile_graph
 from treadle.errors import DTypeError, KernelError, ShapeError
 from treadle.graph.graph import Graph
@@ -78,6 +78,52 @@ def test_pow_by_a_known_exponent(exponent):
     assert_close(result, np.power(value, np.float32(exponent)), context=f"x ** {exponent}")
     uses_pow = "pow" in str(compile_graph(Graph.from_outputs([x], [y])).steps[0].kernel.function)
     assert uses_pow == (exponent not in (1.0, 2.0, 3.0, 4.0))
+
+
+def _ort_pow(base: np.ndarray, exponent: np.ndarray) -> np.ndarray:
+    from onnx import helper
+    graph = helper.make_graph(
+        [helper.make_node("Pow", ["a", "b"], ["y"])], "g",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+         for n, v in (("a", base), ("b", exponent))],
+        [helper.make_empty_tensor_value_info("y")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)], ir_version=9)
+    return run_onnxruntime(model, {"a": base, "b": exponent})[0]
+
+
+def _pow_operands(base_dtype, exponent_dtype, base_shape, exponent_shape, seed):
+    """Bases and exponents whose powers fit the base's dtype: integer exponents from -3
+    on (negative ones truncate to 0 but for bases 1 and -1), fractional ones of positive
+    bases only, and no 0 to a negative power (infinite, with no integer value)."""
+    gen = np.random.default_rng(seed)
+    if np.issubdtype(np.dtype(exponent_dtype), np.integer):
+        base = gen.integers(-6, 7, base_shape)
+        exponent = gen.integers(-3, 11, exponent_shape)
+    else:
+        base = gen.integers(1, 10, base_shape)
+        exponent = gen.uniform(-1.5, 3.0, exponent_shape)
+    base = base.astype(base_dtype)
+    exponent = exponent.astype(exponent_dtype)
+    b_base, b_exponent = np.broadcast_arrays(base, exponent)
+    if np.any((b_base == 0) & (b_exponent < 0)):
+        exponent = np.abs(exponent)
+    return base, exponent
+
+
+@pytest.mark.parametrize("base_dtype, exponent_dtype", [
+    ("int32", "int32"), ("int64", "int64"), ("int32", "int64"), ("int64", "int32"),
+    ("int32", "float32"), ("int64", "float32"), ("int64", "float64")])
+def test_integer_pow_matches_onnxruntime(base_dtype, exponent_dtype):
+    a, b = Tensor("a", base_dtype, ["n", 1, 13]), Tensor("b", exponent_dtype, [5, 1])
+    known = constant(np.array(3 if "int" in exponent_dtype else 0.5, exponent_dtype))
+    outs = [apply("Pow", [a, b])[0], apply("Pow", [a, known])[0]]
+    program = compile_graph(Graph.from_outputs([a, b], outs))
+    for n in (0, 1, 7):
+        base, exponent = _pow_operands(base_dtype, exponent_dtype, (n, 1, 13), (5, 1), n)
+        got = program(base, exponent)
+        for actual, ref in zip(got, (_ort_pow(base, exponent), _ort_pow(base, known.data))):
+            assert actual.dtype == ref.dtype and actual.shape == ref.shape
+            np.testing.assert_array_equal(actual, ref, err_msg=f"n={n}")
 
 
 def test_symbolic_broadcast_compiles_once():

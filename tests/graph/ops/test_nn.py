@@ -10,24 +10,32 @@ from treadle.compiler import compile_graph
 from treadle.errors import DTypeError, KernelError, ShapeError, UnsupportedOpError
 from treadle.graph.graph import Graph
 from treadle.graph.operator import apply
+from treadle.graph.passes.fission import fission
+from treadle.graph.passes.fold_constants import fold_constants
 from treadle.graph.tensor import Tensor, constant
+from treadle.target.cuda import cuda_target
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import helper  # noqa: E402
 
 
-def ort_run(op, arrays, attrs, opset=17):
-    """Runs a one-node ONNX model of ``op`` on ``arrays`` in ONNX Runtime."""
+def ort_outputs(op, arrays, attrs, count=1, opset=17):
+    """Runs a one-node ONNX model of ``op`` on ``arrays`` in ONNX Runtime; its ``count``
+    outputs."""
     names = [f"in{k}" for k in range(len(arrays))]
     values = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
               for n, a in zip(names, arrays)]
-    out = helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(arrays[0].dtype),
-                                        None)
-    graph = helper.make_graph([helper.make_node(op, names, ["y"], **attrs)], "g", values, [out])
+    outs = [f"y{k}" for k in range(count)]
+    graph = helper.make_graph([helper.make_node(op, names, outs, **attrs)], "g", values,
+                              [helper.make_empty_tensor_value_info(n) for n in outs])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
                               ir_version=9)
-    return run_onnxruntime(model, dict(zip(names, arrays)))[0]
+    return run_onnxruntime(model, dict(zip(names, arrays)))
+
+
+def ort_run(op, arrays, attrs, opset=17):
+    return ort_outputs(op, arrays, attrs, 1, opset)[0]
 
 
 def check_against_ort(op, cases, dtype="float32", opset=17):
@@ -158,6 +166,64 @@ def test_batch_and_instance_normalization():
         sd = np.sqrt(wide.var(axis=(2, 3), keepdims=True) + 1e-3)
         ref = (wide - mu) / sd * scale[channel] + bias[channel]
         assert_close(got_instance, ref.astype(np.float32))
+
+
+@pytest.mark.parametrize("shape, symbolic, sizes", [
+    ((3, 5, 7, 11), ("n", 5, 7, "w"), [(3, 5, 7, 11), (1, 5, 7, 1), (0, 5, 7, 2)]),
+    ((13, 2), ("n", 2), [(13, 2), (1, 2)]),
+    ((2, 3, 61), (2, 3, "l"), [(2, 3, 61), (2, 3, 1)]),
+])
+def test_batch_normalization_training(shape, symbolic, sizes):
+    """The batch's own statistics, and the running ones with momentum, as ONNX Runtime
+    computes them, at concrete and at symbolic sizes (an empty batch gives NaN statistics)."""
+    channels = shape[1]
+    attrs = {"epsilon": 1e-3, "momentum": 0.8}
+    params = [random_array((channels,), seed=k) for k in (2, 3, 4)]
+    params.append(random_array((channels,), seed=5, low=0.1, high=2.0))
+    tensors = [Tensor(n, "float32", (channels,)) for n in ("scale", "bias", "mean", "var")]
+    for dims in (shape, symbolic):
+        t = Tensor("x", "float32", dims)
+        outs = apply("BatchNormalization", [t, *tensors], {**attrs, "training_mode": 1},
+                     output_names=["y", "rm", "rv"])
+        program = compile_graph(Graph.from_outputs([t, *tensors], outs))
+        for size in (sizes if dims is symbolic else [shape]):
+            x = random_array(size, seed=1, low=-4.0, high=6.0)
+            expected = ort_outputs("BatchNormalization", [x, *params],
+                                   {**attrs, "training_mode": 1}, 3, opset=15)
+            reduction = max(1, int(np.prod(size)) // channels)
+            for k, (got, ref) in enumerate(zip(program(x, *params), expected)):
+                assert_close(got, ref, reduction=reduction, context=f"output {k} at {size}")
+
+
+def test_batch_normalization_training_folds_on_constants():
+    """Weight standardisation (NF-ResNets): a training-mode BatchNormalization of a
+    constant weight is computed when compiling, and only the convolution remains."""
+    w = random_array((4, 3, 3, 3), seed=1)
+    ones, zeros = np.ones(4, np.float32), np.zeros(4, np.float32)
+    flat = constant(w.reshape(1, 4, 27), "w")
+    standardised, = apply("BatchNormalization",
+                          [flat, *(constant(a) for a in (ones, zeros, zeros, ones))],
+                          {"training_mode": 1, "epsilon": 1e-4})
+    weight, = apply("Reshape", [standardised, constant(np.array([4, 3, 3, 3], np.int64))])
+    x = Tensor("x", "float32", ["n", 3, 7, 5])
+    y, = apply("Conv", [x, weight], {"pads": [1, 1, 1, 1]})
+    graph = fold_constants(Graph.from_outputs([x], [y]))
+    assert [n.op_type for n in graph.nodes] == ["Conv"]
+    mean = w.reshape(4, -1).mean(1)[:, None, None, None]
+    reference = (w - mean) / np.sqrt(w.reshape(4, -1).var(1)[:, None, None, None] + 1e-4)
+    assert_close(graph.nodes[0].inputs[1].data, reference.astype(np.float32), reduction=27)
+    xs = random_array((2, 3, 7, 5), seed=2)
+    assert_close(compile_graph(graph)(xs)[0],
+                 ort_run("Conv", [xs, reference.astype(np.float32)], {"pads": [1, 1, 1, 1]}),
+                 reduction=27)
+
+
+def test_fission_keeps_training_batch_normalization_whole():
+    t = Tensor("x", "float32", ["n", 3, 5])
+    params = [Tensor(n, "float32", (3,)) for n in ("scale", "bias", "mean", "var")]
+    y, = apply("BatchNormalization", [t, *params], {"training_mode": 1})
+    graph = fission(Graph.from_outputs([t, *params], [y]))
+    assert [n.op_type for n in graph.nodes] == ["BatchNormalization"]
 
 
 def test_lp_normalization_hardmax_dropout():
@@ -304,6 +370,83 @@ def test_average_pool():
                                                          "pads": [1, 0, 1, 2]})], opset=19)
 
 
+def test_max_pool_indices():
+    """Both outputs, with ties (small integers) whose first in the window counts, for
+    both storage orders, in 1, 2 and 3 spatial dimensions."""
+    shapes = {1: (2, 3, 13), 2: (2, 3, 7, 11), 3: (1, 2, 5, 4, 3)}
+    cases = [(shape, {**attrs, "storage_order": order}) for attrs, shape in POOLS
+             for order in (0, 1)]
+    cases += [((1, 2, 8, 9), {"kernel_shape": [2, 2], "dilations": [2, 3], "pads": [1, 1, 1, 1],
+                              "storage_order": 1}),
+              (shapes[3], {"kernel_shape": [2, 3, 2], "strides": [2, 1, 1], "storage_order": 1}),
+              (shapes[3], {"kernel_shape": [3, 2, 2], "pads": [1, 0, 1, 1, 1, 0]})]
+    pairs, outputs, refs = [], [], []
+    for k, (shape, attrs) in enumerate(cases):
+        x = np.floor(random_array(shape, seed=k, low=-3.0, high=3.0))
+        t = Tensor(f"x{k}", "float32", shape)
+        pairs.append((t, x))
+        outputs += apply("MaxPool", [t], attrs, output_names=["y", "indices"])
+        refs += [(r, f"{shape} {attrs}") for r in ort_outputs("MaxPool", [x], attrs, 2)]
+    for actual, (ref, context) in zip(run_graph(pairs, outputs), refs):
+        assert_close(actual, ref, context=context)
+
+
+def test_max_pool_indices_symbolic():
+    x = Tensor("x", "float32", ["n", 3, "h", 7])
+    attrs = {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1], "storage_order": 1}
+    program = compile_graph(Graph.from_outputs([x], apply(
+        "MaxPool", [x], attrs, output_names=["y", "indices"])))
+    for n, h in ((0, 5), (1, 2), (2, 13)):
+        xs = np.floor(random_array((n, 3, h, 7), seed=h, low=-3.0, high=3.0))
+        for actual, ref in zip(program(xs), ort_outputs("MaxPool", [xs], attrs, 2)):
+            assert_close(actual, ref, context=f"n={n} h={h}")
+
+
+def test_lp_pool():
+    """p = 1, 2 and 3 over the pool geometries (padding adds nothing to the norm),
+    dilations, and the global pool."""
+    cases = [([shape], {**attrs, "p": p}) for attrs, shape in POOLS for p in (1, 2, 3)]
+    cases.append(([(1, 2, 8, 9)], {"kernel_shape": [2, 2], "dilations": [2, 3],
+                                   "pads": [1, 1, 1, 1], "p": 3}))
+    cases.append(([(2, 3, 5, 4, 3)], {"kernel_shape": [2, 3, 2], "strides": [1, 2, 1]}))
+    check_against_ort("LpPool", cases, opset=18)
+    check_against_ort("GlobalLpPool", [([(2, 3, 7, 5)], {"p": p}) for p in (1, 2, 3)]
+                      + [([(1, 2, 13)], {})])
+
+
+def test_lp_pool_symbolic():
+    x = Tensor("x", "float32", ["n", 2, "h", 11])
+    cases = [{"kernel_shape": [3, 2], "strides": [2, 3], "pads": [1, 0, 1, 1], "p": 2},
+             {"kernel_shape": [2, 3], "auto_pad": "SAME_UPPER", "p": 3}]
+    outs = [apply("LpPool", [x], attrs)[0] for attrs in cases] + [apply("GlobalLpPool", [x])[0]]
+    program = compile_graph(Graph.from_outputs([x], outs))
+    for n, h in ((0, 5), (1, 3), (2, 13)):
+        xs = random_array((n, 2, h, 11), seed=h)
+        got = program(xs)
+        for attrs, actual in zip(cases, got):
+            assert_close(actual, ort_run("LpPool", [xs], attrs, opset=18), context=f"{attrs}")
+        assert_close(got[-1], ort_run("GlobalLpPool", [xs], {}), reduction=h * 11)
+
+
+def test_new_pool_outputs_and_training_statistics_in_the_gpu_simulator():
+    """LpPool, MaxPool's Indices and training-mode BatchNormalization as CUDA kernels."""
+    x = Tensor("x", "float32", ("n", 3, 5, 7))
+    params = [Tensor(n, "float32", (3,)) for n in ("scale", "bias", "mean", "var")]
+    pool = {"kernel_shape": [3, 2], "pads": [1, 0, 0, 1], "storage_order": 1}
+    outs = [apply("LpPool", [x], {"kernel_shape": [2, 3], "p": 3})[0],
+            *apply("MaxPool", [x], pool, output_names=["y", "indices"]),
+            *apply("BatchNormalization", [x, *params], {"training_mode": 1},
+                   output_names=["y", "mean", "var"])]
+    program = compile_graph(Graph.from_outputs([x, *params], outs), target=cuda_target("sm_90"))
+    xs = np.floor(random_array((2, 3, 5, 7), seed=1, low=-3.0, high=3.0))
+    values = [random_array((3,), seed=k, low=0.5, high=1.5) for k in range(4)]
+    expected = [ort_run("LpPool", [xs], {"kernel_shape": [2, 3], "p": 3}, opset=18),
+                *ort_outputs("MaxPool", [xs], pool, 2),
+                *ort_outputs("BatchNormalization", [xs, *values], {"training_mode": 1}, 3, 15)]
+    for k, (actual, ref) in enumerate(zip(program.simulate(xs, *values), expected)):
+        assert_close(actual, ref, reduction=35, context=f"output {k}")
+
+
 def test_pools_symbolic():
     x = Tensor("x", "float32", [1, 2, "h", "w"])
     attrs = {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 1, 0, 1]}
@@ -333,11 +476,10 @@ W = ("w", "float32", (4, 2, 3, 3))
     ("Conv", [X, W], {"strides": [1]}, 1, ShapeError),
     ("Conv", [X, W], {"kernel_shape": [2, 2]}, 1, ShapeError),
     ("Conv", [X, ("w", "float32", (4, 2, 7, 7))], {}, 1, ShapeError),
-    ("MaxPool", [X], {"kernel_shape": [2, 2]}, 2, UnsupportedOpError),
+    ("MaxPool", [X], {"kernel_shape": [2, 2], "storage_order": 2}, 2, ShapeError),
     ("MaxPool", [X], {}, 1, ShapeError),
     ("AveragePool", [X], {"kernel_shape": [2, 2], "pads": [-1, 0, 0, 0]}, 1, ShapeError),
-    ("BatchNormalization", [X] + [("p", "float32", (2,))] * 4, {"training_mode": 1}, 1,
-     UnsupportedOpError),
+    ("BatchNormalization", [X] + [("p", "float32", (2,))] * 4, {}, 3, UnsupportedOpError),
     ("BatchNormalization", [X] + [("p", "float32", (3,))] * 4, {}, 1, ShapeError),
     ("Softmax", [X], {"axis": 4}, 1, ShapeError),
     ("Softmax", [X], {}, 2, UnsupportedOpError),  # it has no second output

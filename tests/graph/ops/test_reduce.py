@@ -123,6 +123,25 @@ def test_integer_reductions():
         np.testing.assert_array_equal(actual, np.asarray(ref, np.int32))
 
 
+@pytest.mark.parametrize("shape", [(7, 13), ("n", 5)])
+def test_bool_max_and_min_are_any_and_all(shape):
+    """Over every axis, one, or none; an empty maximum is false, an empty minimum true."""
+    t = Tensor("x", "bool", shape)
+    cases = [(op, attrs) for op in ("ReduceMax", "ReduceMin")
+             for attrs in ({}, {"axes": [1], "keepdims": 0}, {"axes": [0]})]
+    outs = [apply(op, [t], attrs)[0] for op, attrs in cases]
+    program = compile_graph(Graph.from_outputs([t], outs))
+    sizes = [shape] if isinstance(shape[0], int) else [(0, 5), (1, 5), (7, 5)]
+    for size in sizes:
+        x = np.random.default_rng(size[0]).random(size) < 0.8
+        for (op, attrs), actual in zip(cases, program(x)):
+            fn = np.any if op == "ReduceMax" else np.all
+            axes = tuple(attrs.get("axes", range(2)))
+            ref = fn(x, axis=axes, keepdims=bool(attrs.get("keepdims", 1)))
+            assert actual.dtype == np.bool_ and actual.shape == ref.shape
+            np.testing.assert_array_equal(actual, ref, err_msg=f"{op} {attrs} at {size}")
+
+
 def test_symbolic_sizes_compile_once():
     t = Tensor("x", "float32", ["n", 7])
     outs = [apply("ReduceSum", [t], {"axes": [0], "keepdims": 0})[0],

@@ -19,6 +19,7 @@ from treadle.errors import KernelError, ModelError, ShapeError, UnsupportedOpErr
 from treadle.graph.graph import Graph
 from treadle.graph.operator import apply
 from treadle.graph.tensor import Tensor, constant, symbol
+from treadle.target.cuda import cuda_target
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
@@ -394,6 +395,98 @@ def test_resize_linear():
     check(cases)
 
 
+def test_resize_cubic():
+    """Up- and down-sampling by scales and by sizes, at prime lengths, in every coordinate
+    transformation mode, with and without the weights of outside neighbours."""
+    scales = np.array([1, 1, 2.0, 0.6], np.float32)
+    cases = [Case("Resize", [In((2, 3, 5, 7)), None, scales],
+                  {"mode": "cubic", "coordinate_transformation_mode": t, "exclude_outside": e,
+                   "cubic_coeff_a": a})
+             for t in TRANSFORMS for e in (0, 1) for a in (-0.75, -0.5)]
+    cases += [Case("Resize", [In((1, 2, 7, 13)), None, None, i64(1, 2, 3, 17)],
+                   {"mode": "cubic", "coordinate_transformation_mode": t, "exclude_outside": e})
+              for t in TRANSFORMS for e in (0, 1)]
+    cases.append(Case("Resize", [In((1, 1, 1, 2)), None, None, i64(1, 1, 3, 1)],
+                      {"mode": "cubic"}))
+    cases += [Case("Resize", [In((1, 2, 7, 13)), None, np.array([1, 1, 0.55, 1.7], np.float32)],
+                   {"mode": mode, "coordinate_transformation_mode": "half_pixel_symmetric"},
+                   opset=19) for mode in ("nearest", "linear", "cubic")]
+    check(cases)
+
+
+def test_resize_keeping_the_aspect_ratio():
+    """One scale for the resized axes, the largest within the sizes or the smallest
+    covering them, over all axes or some."""
+    policies = ("not_larger", "not_smaller")
+    cases = [Case("Resize", [In((1, 2, 7, 13)), None, None, i64(5, 17)],
+                  {"mode": mode, "axes": [2, 3], "keep_aspect_ratio_policy": policy}, opset=18)
+             for mode in ("nearest", "linear", "cubic") for policy in policies]
+    cases += [Case("Resize", [In((2, 3, 11, 5)), None, None, i64(3, 4)],
+                   {"mode": "linear", "axes": [3, 2], "keep_aspect_ratio_policy": policy},
+                   opset=18) for policy in policies]
+    cases += [Case("Resize", [In((1, 2, 7, 13)), None, None, i64(1, 2, 5, 17)],
+                   {"keep_aspect_ratio_policy": policy}, opset=18) for policy in policies]
+    check(cases)
+
+
+def test_resize_cubic_over_four_axes():
+    """Sixteen taps a side, 256 terms: the sum must not nest too deep to print. (ONNX
+    Runtime resizes two axes at most; the reference is two resizes, which commute.)"""
+    x = Tensor("x", "float32", (3, 4, 5, 6))
+    y, = apply("Resize", [x, None, None, constant(i64(5, 7, 3, 8))], {"mode": "cubic"})
+    xs = random_array((3, 4, 5, 6), seed=3)
+    first = Case("Resize", [In((3, 4, 5, 6)), None, None, i64(3, 4, 3, 8)], {"mode": "cubic"})
+    outer = onnx_reference(first, [xs, None, None, first.inputs[3]])[0]
+    outer = np.ascontiguousarray(outer.transpose(2, 3, 0, 1))
+    second = Case("Resize", [In(outer.shape), None, None, i64(3, 8, 5, 7)], {"mode": "cubic"})
+    expected = onnx_reference(second, [outer, None, None, second.inputs[3]])[0]
+    assert_close(compile_graph(Graph.from_outputs([x], [y]))(xs)[0],
+                 expected.transpose(2, 3, 0, 1), reduction=16)
+
+
+def test_resize_crops():
+    """tf_crop_and_resize: a region of interest reaching outside the input, where
+    extrapolation_value is read, in each mode, over all axes or some, down to length 1."""
+    roi = np.array([0, 0, -0.2, 0.3, 1, 1, 0.9, 1.4], np.float32)
+    crop = {"coordinate_transformation_mode": "tf_crop_and_resize"}
+    cases = [Case("Resize", [In((2, 3, 7, 11)), roi, None, i64(2, 3, 5, 13)],
+                  {**crop, "mode": mode, "extrapolation_value": 2.5}) for mode in
+             ("nearest", "linear", "cubic")]
+    cases.append(Case("Resize", [In((2, 3, 7, 11)), np.array([0.1, 0.25, 0.8, 0.5], np.float32),
+                                 None, i64(4, 1)], {**crop, "mode": "linear", "axes": [3, 2]},
+                      opset=18))
+    cases.append(Case("Resize", [In((1, 2, 5, 3), "int32"), roi, None, i64(1, 2, 3, 4)],
+                      {**crop, "extrapolation_value": -7.0}))
+    check(cases)
+
+
+def test_resize_crops_at_symbolic_sizes():
+    check([Case("Resize", [In(("n", 2, "h", 5)), np.array([-0.1, 0.2, 1.3, 0.7], np.float32),
+                           None, i64(6, 3)],
+                {"coordinate_transformation_mode": "tf_crop_and_resize", "mode": mode,
+                 "axes": [2, 3]}, opset=18) for mode in ("nearest", "linear", "cubic")],
+          envs=({"n": 0, "h": 3}, {"n": 2, "h": 1}, {"n": 1, "h": 13}))
+
+
+def test_resize_cubic_symbolic():
+    check([Case("Resize", [In(("n", 3, "h", 11)), None, None, i64(5, 2)],
+                {"mode": "cubic", "axes": [2, 3], "coordinate_transformation_mode": t,
+                 "exclude_outside": 1}, opset=18) for t in ("half_pixel", "align_corners")]
+          + [Case("Resize", [In(("n", 2, "h", 5)), None, np.array([1, 1, 1.5, 3], np.float32)],
+                  {"mode": "cubic"})],
+          envs=({"n": 0, "h": 3}, {"n": 2, "h": 7}, {"n": 1, "h": 1}))
+
+
+def test_resize_cubic_in_the_gpu_simulator():
+    x = Tensor("x", "float32", ("n", 2, 5, 7))
+    case = Case("Resize", [In((2, 2, 5, 7)), None, None, i64(3, 11)],
+                {"mode": "cubic", "axes": [2, 3], "exclude_outside": 1}, opset=18)
+    y, = apply("Resize", [x, None, None, constant(case.inputs[3])], case.attrs)
+    program = compile_graph(Graph.from_outputs([x], [y]), target=cuda_target("sm_90"))
+    xs = random_array((2, 2, 5, 7), seed=4)
+    assert_close(program.simulate(xs)[0], onnx_reference(case, [xs, None, None, case.inputs[3]])[0])
+
+
 def test_resize_symbolic():
     check([Case("Resize", [In((1, 2, "h", "w")), None, np.array([1, 1, 2, 2], np.float32)],
                 {"mode": mode}) for mode in ("nearest", "linear")],
@@ -431,8 +524,13 @@ def test_bad_inputs_name_the_node():
     _raises(ShapeError, "Expand", [x, constant(i64(4, 1))], match="broadcast")
     _raises(UnsupportedOpError, "Slice", [x, Tensor("s", "int64", [1]), constant(i64(1))],
             match="starts")
+    _raises(UnsupportedOpError, "Resize", [Tensor("i", "int32", [2, 3, 5]), None,
+                                           constant(np.array([1, 1, 2], np.float32))],
+            {"mode": "cubic"}, match="cubic resizing of int32")
     _raises(UnsupportedOpError, "Resize", [x, None, constant(np.array([1, 1, 2], np.float32))],
-            {"mode": "cubic"}, match="cubic")
+            {"mode": "linear", "antialias": 1}, match="antialias")
+    _raises(ShapeError, "Resize", [x, None, None, constant(i64(2, 3, 9))],
+            {"keep_aspect_ratio_policy": "fit"}, match="keep_aspect_ratio_policy")
     _raises(UnsupportedOpError, "Resize", [x, None, constant(np.ones(3, np.float32))],
             {"coordinate_transformation_mode": "tf_crop_and_resize"}, match="tf_crop")
     _raises(UnsupportedOpError, "Squeeze", [Tensor("s", "float32", ["n", 1])], match="symbolic")

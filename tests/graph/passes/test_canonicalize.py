@@ -129,6 +129,19 @@ def test_a_resize_to_the_same_size_is_dropped_unless_its_scales_move_positions(m
     same_outputs(before, after, random_array((1, 3, 2, 5), seed=1))
 
 
+def test_a_crop_to_the_same_size_is_kept():
+    """A crop moves positions, and may read outside the input."""
+    x = Tensor("x", "float32", [1, 3, 7, 5])
+    sizes = constant(np.array([1, 3, 7, 5]))
+    roi = constant(np.array([0, 0, -0.2, 0.1, 1, 1, 0.9, 1.3], np.float32))
+    crop = apply("Resize", [x, roi, None, sizes],
+                 {"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize"})[0]
+    before = Graph.from_outputs([x], [crop])
+    after = canonicalize(before)
+    assert op_types(after) == ["Resize"]
+    same_outputs(before, after, random_array((1, 3, 7, 5), seed=1))
+
+
 @pytest.mark.parametrize("shape, checked", [([4, 5], []), ([4, "n"], ["CheckIndices"])])
 def test_known_indices_are_checked_at_run_time_only_against_a_symbolic_size(shape, checked):
     """Against a known size a known index is checked here; against a symbol, only the

@@ -102,3 +102,21 @@ def test_one_resize_by_scales_with_a_symbolic_batch(batch):
     feeds = {"x": random_array((batch, 7, 5, 3), seed=8)}
     assert_close(compile_graph(from_onnx(model))(**feeds)[0],
                  run_onnxruntime(model, feeds)[0], reduction=7)
+
+
+def test_a_crop_reading_outside_the_image_is_kept():
+    """tf_crop_and_resize fills what lies outside the input with extrapolation_value,
+    which a convolution moved before it would not see: the resize stays first."""
+    nodes = [node("Resize", ["x", "roi", "", "sizes"], ["r"], mode="linear",
+                  coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=3.0),
+             node("Conv", ["r", "w", "bias"], ["y"], kernel_shape=[1, 1])]
+    model = make_model(nodes, [tensor("x", [1, 7, 5, 3])], [tensor("y", None)],
+                       {"roi": np.array([0, 0, -0.5, 0, 1, 1, 1, 1.5], np.float32),
+                        "sizes": np.array([1, 7, 11, 13], np.int64),
+                        "w": random_array((4, 7, 1, 1), seed=6),
+                        "bias": random_array((4,), seed=7)})
+    (resize,) = resizes(moved(model))
+    assert resize.inputs[0].producer is None
+    feeds = {"x": random_array((1, 7, 5, 3), seed=8)}
+    assert_close(compile_graph(from_onnx(model))(**feeds)[0],
+                 run_onnxruntime(model, feeds)[0], reduction=7)

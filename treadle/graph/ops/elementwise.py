@@ -249,17 +249,20 @@ for _name, (_combine, _finish) in VARIADIC.items():
 
 @register("Pow")
 def power(ctx: OpContext):
+    """base ** exponent in the base's dtype. An integer base is raised in float64 and
+    truncated toward zero, as ONNX Runtime does (2 ** -1 is 0, 7 ** 0.5 is 2)."""
     a, b = ctx.input(0), ctx.input(1)
-    if not a.dtype.is_float:
+    if not (a.dtype.is_float or a.dtype in (dtypes.int32, dtypes.int64)):
         raise ctx.unsupported(f"Pow of {a.dtype} base")
     shape = broadcast_shape(ctx, a.shape, b.shape)
     power = _small_integer(ctx.data(1))
+    work = a.dtype if a.dtype.is_float else dtypes.float64
 
     def element(*i):
         base = broadcast_load(a, i, shape)
-        exponent = cast(broadcast_load(b, i, shape), a.dtype)
         if power is None:
-            return call("pow", base, exponent)
+            exponent = cast(broadcast_load(b, i, shape), work)
+            return cast(call("pow", cast(base, work), exponent), a.dtype)
         # A known small integer power as products: the loop stays vectorisable (GPT-2's
         # GELU computes x ** 3 for every activation), as ONNX Runtime does for 2 and 3.
         product = base

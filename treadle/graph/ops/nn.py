@@ -31,7 +31,8 @@ from treadle.ir import dtypes
 from treadle.ir.compute import Compute, compute, identity_of, reduce
 from treadle.ir.dtypes import DataType
 from treadle.ir.expr import (Buffer, Const, Expr, as_expr, call, cast, ceil_div, eq,
-                             logical_and, maximum, minimum, select)
+                             logical_and, maximum, minimum, ne, select)
+from treadle.ir.mapping import ravel, unravel
 
 
 def _float_input(ctx: OpContext, i: int = 0) -> Buffer:
@@ -194,19 +195,26 @@ def lp_normalization(ctx: OpContext):
 
 # ---- normalisations -----------------------------------------------------------------------
 
-def _moments(x: Buffer, axes: Sequence[int], epsilon: float, work: DataType):
-    """Mean and 1/sqrt(variance + epsilon) over ``axes`` (keepdims shapes), the variance
-    from squared deviations so large means cost no precision."""
+def _mean_and_variance(x: Buffer, axes: Sequence[int], work: DataType, keepdims: bool = True
+                       ) -> tuple[Compute, Compute]:
+    """Mean and (population) variance over ``axes``, the variance from squared deviations
+    so large means cost no precision."""
     n = cast(count(x.shape, axes), work)
-    total = reduce_axes("sum", x.shape, axes, True, lambda j: cast(x[j], work), "sum")
+    total = reduce_axes("sum", x.shape, axes, keepdims, lambda j: cast(x[j], work), "sum")
     mean = compute("mean", total.shape, lambda *i: total[i] / n)
 
     def deviation(j):
-        d = cast(x[j], work) - mean[project(j, axes, True)]
+        d = cast(x[j], work) - mean[project(j, axes, keepdims)]
         return d * d
-    squares = reduce_axes("squares", x.shape, axes, True, deviation, "sum")
-    inv_std = compute("inv_std", squares.shape, lambda *i: _c(1.0, work) / call(
-        "sqrt", squares[i] / n + _c(epsilon, work)))
+    squares = reduce_axes("squares", x.shape, axes, keepdims, deviation, "sum")
+    return mean, compute("variance", squares.shape, lambda *i: squares[i] / n)
+
+
+def _moments(x: Buffer, axes: Sequence[int], epsilon: float, work: DataType):
+    """Mean and 1/sqrt(variance + epsilon) over ``axes`` (keepdims shapes)."""
+    mean, variance = _mean_and_variance(x, axes, work)
+    inv_std = compute("inv_std", variance.shape, lambda *i: _c(1.0, work) / call(
+        "sqrt", variance[i] + _c(epsilon, work)))
     return mean, inv_std
 
 
@@ -329,21 +337,39 @@ register("ChannelsLastGroupNormalization", internal=True)(
 
 @register("BatchNormalization")
 def batch_normalization(ctx: OpContext):
-    if ctx.attr("training_mode", 0):
-        raise ctx.unsupported("training_mode=1 (only inference is supported)")
-    if ctx.num_outputs > 1:
-        raise ctx.unsupported("running mean and variance outputs exist only in training mode")
+    """(x - mean) / sqrt(var + epsilon) * scale + bias per channel (axis 1). In inference
+    mean and var are inputs 3 and 4; with ``training_mode`` they are the batch's own,
+    over every axis but the channels, and the optional outputs 1 and 2 are the running
+    statistics: input * momentum + batch's * (1 - momentum)."""
     x = _float_input(ctx)
     _rank_at_least(ctx, x, 2, "input 0")
     scale, bias, mean, var = (_per_channel(ctx, k, x.shape[1]) for k in range(1, 5))
     epsilon, work = float(ctx.attr("epsilon", 1e-5)), accumulator(x.dtype)
+    training = bool(ctx.attr("training_mode", 0))
+    if ctx.num_outputs > 1 and not training:
+        raise ctx.unsupported("running mean and variance outputs exist only in training mode")
+    if training:
+        axes = [0, *range(2, x.rank)]
+        used_mean, used_var = _mean_and_variance(x, axes, work, keepdims=False)
+    else:
+        used_mean, used_var = mean, var
 
     def element(*i):
         def param(b):
             return cast(b[i[1]], work)
-        factor = param(scale) / call("sqrt", param(var) + _c(epsilon, work))
-        return (cast(x[i], work) - param(mean)) * factor + param(bias)
-    return [compute("batchnorm", x.shape, element, x.dtype)]
+        factor = param(scale) / call("sqrt", param(used_var) + _c(epsilon, work))
+        return (cast(x[i], work) - param(used_mean)) * factor + param(bias)
+    y = compute("batchnorm", x.shape, element, x.dtype)
+    if ctx.num_outputs == 1:
+        return [y]
+    momentum = float(ctx.attr("momentum", 0.9))
+
+    def running(name: str, given: Buffer, batch: Compute) -> Compute:
+        acc = accumulator(given.dtype)
+        return compute(name, given.shape, lambda c: cast(
+            cast(given[c], acc) * _c(momentum, acc) + cast(batch[c], acc) *
+            _c(1.0 - momentum, acc), given.dtype))
+    return [y, running("running_mean", mean, used_mean), running("running_var", var, used_var)]
 
 
 @register("Dropout")
@@ -791,8 +817,6 @@ def _pool_window(ctx: OpContext, x: Buffer, layout: Layout) -> Window:
 
 
 def _max_pool(ctx: OpContext, layout: Layout):
-    if ctx.num_outputs > 1:
-        raise ctx.unsupported("the Indices output is not supported")
     x = _spatial_input(ctx, float_only=False)  # MaxPool also takes 8-bit integers
     if x.dtype.is_bool:
         raise ctx.error(f"input 0 must be numeric, got {x.dtype}", DTypeError)
@@ -803,7 +827,46 @@ def _max_pool(ctx: OpContext, layout: Layout):
         n, c, out = layout.split(idx[:nsp + 2])
         return win.load(x, layout, n, c, win.positions(out, idx[nsp + 2:]), lowest)
     batch, channels, _ = layout.split(x.shape)
-    return [reduce("maxpool", layout.join(batch, channels, win.out), win.kernel, element, "max")]
+    y = reduce("maxpool", layout.join(batch, channels, win.out), win.kernel, element, "max")
+    if ctx.num_outputs == 1:
+        return [y]
+    if layout.channels_last:
+        raise ctx.unsupported("the Indices output of a channels-last MaxPool")
+    return [y, _max_pool_indices(ctx, x, win, y)]
+
+
+def _max_pool_indices(ctx: OpContext, x: Buffer, win: Window, y: Compute) -> Compute:
+    """MaxPool's Indices: where in x each window's maximum lies, as one int64 over all of
+    x's axes, the spatial ones counted row-major or, with ``storage_order`` 1,
+    column-major. Of equal maxima the first in the window (row-major) counts, as in ONNX
+    Runtime; a NaN counts as the maximum, as it makes one. Two reductions: the maximum
+    (the output), then the first tap holding it."""
+    storage = int(ctx.attr("storage_order", 0))
+    if storage not in (0, 1):
+        raise ctx.error(f"storage_order must be 0 or 1, got {storage}")
+    nsp, taps = x.rank - 2, count(win.kernel, range(len(win.kernel)))
+
+    def holds(n, c, *idx):
+        out, tap = idx[:nsp], idx[nsp:]
+        positions = win.positions(out, tap)
+        value = win.load(x, NCHW, n, c, positions, identity_of("max", x.dtype))
+        found = eq(value, y[(n, c, *out)])
+        if x.dtype.is_float:
+            found = found | ne(value, value)
+        inside = win.inside(positions)
+        found = found if inside is None else logical_and(inside, found)
+        return select(found, ravel(tap, win.kernel), taps)
+    first = reduce("maxpool_first", y.shape, win.kernel, holds, "min")
+
+    def index(n, c, *out):
+        tap = unravel(minimum(first[(n, c, *out)], taps - 1), win.kernel)
+        positions = [minimum(maximum(p, 0), size - 1)
+                     for p, size in zip(win.positions(out, tap), win.sizes)]
+        spatial = (ravel(positions, win.sizes) if storage == 0
+                   else ravel(positions[::-1], win.sizes[::-1]))
+        return cast(ravel([n, c, spatial], [x.shape[0], x.shape[1], count(win.sizes, range(nsp))]),
+                    dtypes.int64)
+    return compute("maxpool_indices", y.shape, index)
 
 
 def _average_pool(ctx: OpContext, layout: Layout):
@@ -839,6 +902,46 @@ for _layout, _prefix in ((NCHW, ""), (NHWC, "ChannelsLast")):
         lambda ctx, layout=_layout: _max_pool(ctx, layout))
     register(f"{_prefix}AveragePool", internal=_internal)(
         lambda ctx, layout=_layout: _average_pool(ctx, layout))
+
+
+def _lp_maps(ctx: OpContext, work: DataType) -> tuple[Callable[[Expr], Expr],
+                                                      Callable[[Expr], Expr]]:
+    """For LpPool's ``p``: the map of each element (|x| ** p) and of the window's sum
+    (its p-th root); p = 1 and 2 without pow, which is slower and no more exact."""
+    p = int(ctx.attr("p", 2))
+    if p < 1:
+        raise ctx.error(f"p must be a positive integer, got {p}")
+    if p == 1:
+        return (lambda v: call("abs", v)), (lambda total: total)
+    if p == 2:
+        return (lambda v: v * v), (lambda total: call("sqrt", total))
+    return ((lambda v: call("pow", call("abs", v), _c(float(p), work))),
+            (lambda total: call("pow", total, _c(1.0 / p, work))))
+
+
+@register("LpPool")
+def lp_pool(ctx: OpContext):
+    """The p-norm of each window; padding adds nothing to it."""
+    x = _spatial_input(ctx)
+    win, nsp = _pool_window(ctx, x, NCHW), x.rank - 2
+    work = accumulator(x.dtype)
+    power, root = _lp_maps(ctx, work)
+
+    def element(n, c, *idx):
+        value = win.load(x, NCHW, n, c, win.positions(idx[:nsp], idx[nsp:]), _c(0, x.dtype))
+        return power(cast(value, work))
+    total = reduce("lppool_sum", [*x.shape[:2], *win.out], win.kernel, element)
+    return [compute("lppool", total.shape, lambda *i: root(total[i]), x.dtype)]
+
+
+@register("GlobalLpPool")
+def global_lp_pool(ctx: OpContext):
+    x = _spatial_input(ctx)
+    work = accumulator(x.dtype)
+    power, root = _lp_maps(ctx, work)
+    total = reduce_axes("lppool_sum", x.shape, list(range(2, x.rank)), True,
+                        lambda j: power(cast(x[j], work)), "sum")
+    return [compute("globallppool", total.shape, lambda *i: root(total[i]), x.dtype)]
 
 
 def _window_count(win: Window, d: int, padded: bool, work: DataType) -> Compute | None:

@@ -135,10 +135,21 @@ def _axes(ctx: OpContext, rank: int) -> list[int]:
 def _define_reduction(op: str):
     def define(ctx: OpContext):
         x = ctx.input(0)
-        if x.dtype.is_bool:
+        axes, keepdims = _axes(ctx, x.rank), bool(ctx.attr("keepdims", 1))
+        if not x.dtype.is_bool:
+            return [reduce_tensor(op, x, axes, keepdims)]
+        if op not in ("ReduceMax", "ReduceMin"):
             raise ctx.unsupported(f"{op} of a bool tensor")
-        return [reduce_tensor(op, x, _axes(ctx, x.rank), bool(ctx.attr("keepdims", 1)))]
+        return [_reduce_bool(op, x, axes, keepdims)]
     register(op)(define)
+
+
+def _reduce_bool(op: str, x: Buffer, axes: Sequence[int], keepdims: bool) -> Compute:
+    """The maximum of bools is any, the minimum all: the reduction of their bytes, whose
+    identities (0 and 255) make an empty maximum false and an empty minimum true."""
+    combined = reduce_axes(op.lower(), x.shape, axes, keepdims,
+                           lambda j: cast(x[j], dtypes.uint8), REDUCTIONS[op].combiner)
+    return compute(op.lower(), combined.shape, lambda *i: cast(combined[i], dtypes.boolean))
 
 
 for _name in (*REDUCTIONS, "ReduceLogSumExp"):

@@ -1,24 +1,71 @@
-"""GridSample (opsets 16 and 20) over images [N, C, H, W]: output pixel (n, c, i, j) reads
-X at the point grid[n, i, j] = (x, y), where (-1, -1) is the image's top-left corner (with
-``align_corners``, the centre of its top-left pixel) and (1, 1) its bottom-right one.
+"""GridSample (opsets 16 and 20) over images [N, C, H, W] and volumes [N, C, D, H, W]:
+output element (n, c, *point) reads X at the position grid[n, *point] = (x, y[, z]) (the
+last spatial axis first), where -1 is an axis's first edge (with ``align_corners``, the
+centre of its first element) and 1 its last one.
 
-Linear mode weighs the four pixels around the point by their distances (1 - |p - pixel|
-along each side), nearest mode reads the closest (ties to even, as ONNX Runtime and
-PyTorch round). Zeros padding reads zero outside the image; border padding first moves
-the point onto the nearest edge. One compute definition: the reads are loads at computed
-positions, clamped into the image so no load leaves it, and a select zeroes those outside.
+Each spatial axis contributes taps, (position, weight) pairs, and the output is the sum
+over every combination of one tap per axis of the product of their weights times the
+element there, as for Resize: linear mode weighs the two elements around the position
+by their distances, nearest mode reads the closest (ties to even, as ONNX Runtime and
+PyTorch round), cubic mode (images only) weighs four with Keys' kernel (a = -0.75).
+Padding says what lies outside: zeros reads zero; border moves a position onto the
+nearest edge, reflection mirrors it at the edges (then moves it onto them). Linear and
+nearest modes move the sampled position itself, cubic mode each of its taps, as PyTorch
+and ONNX Runtime do. The reads are loads at computed positions, clamped into the input
+so no load leaves it, and a select zeroes those outside.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from treadle.graph.operator import OpContext, register
 from treadle.graph.ops.common import same_dtype
-from treadle.graph.ops.transform import _dims
+from treadle.graph.ops.transform import _dims, cubic_weights
+from treadle.graph.tensor import Dim
 from treadle.ir import dtypes
 from treadle.ir.compute import compute
-from treadle.ir.expr import Expr, as_expr, call, cast, logical_and, maximum, minimum, select
+from treadle.ir.expr import (Buffer, Expr, as_expr, call, cast, eq, logical_and, maximum,
+                             minimum, select)
 
-MODES = {"bilinear": "linear", "linear": "linear", "nearest": "nearest"}
-PADDINGS = ("zeros", "border")
+MODES = {"bilinear": "linear", "linear": "linear", "nearest": "nearest", "bicubic": "cubic",
+         "cubic": "cubic"}
+CUBIC_A = -0.75  # PyTorch's bicubic kernel, which ONNX's GridSample follows
+
+Taps = Callable[[Expr], list[tuple[Expr, Expr]]]
+# mode -> the taps around a position (in elements): whole float positions and weights.
+TAPS: dict[str, Taps] = {
+    "nearest": lambda p: [(call("round", p), as_expr(1.0, p.dtype))],
+    "linear": lambda p: [(call("floor", p), 1.0 - (p - call("floor", p))),
+                         (call("floor", p) + 1.0, p - call("floor", p))],
+    "cubic": lambda p: [(call("floor", p) + float(k - 1), w) for k, w in
+                        enumerate(cubic_weights(p - call("floor", p), CUBIC_A))],
+}
+
+
+def _border(p: Expr, size: Dim, corners: bool) -> Expr:
+    return minimum(maximum(p, 0.0), cast(as_expr(size), p.dtype) - 1.0)
+
+
+def _reflection(p: Expr, size: Dim, corners: bool) -> Expr:
+    """p mirrored at the edges (the centres of the end elements with ``align_corners``,
+    else their outer edges) until it lies between them, then moved onto the elements."""
+    length = cast(as_expr(size), p.dtype)
+    low, span = (0.0, length - 1.0) if corners else (-0.5, length)
+    distance = call("abs", p - low)
+    extra = call("fmod", distance, span)
+    flips = call("floor", distance / span)
+    even = eq(call("fmod", flips, as_expr(2.0, p.dtype)), 0.0)
+    mirrored = select(even, extra + low, span - extra + low)
+    # A single element with align_corners: both edges are its centre.
+    mirrored = select(eq(span, 0.0), as_expr(0.0, p.dtype), mirrored)
+    return _border(mirrored, size, corners)
+
+
+PADDINGS: dict[str, Callable[[Expr, Dim, bool], Expr]] = {
+    "zeros": lambda p, size, corners: p,
+    "border": _border,
+    "reflection": _reflection,
+}
 
 
 @register("GridSample")
@@ -30,46 +77,49 @@ def grid_sample(ctx: OpContext):
         raise ctx.unsupported(f"{x.dtype} input")
     mode, padding = ctx.attr("mode", "bilinear"), ctx.attr("padding_mode", "zeros")
     if mode not in MODES or padding not in PADDINGS:
-        raise ctx.unsupported(f"mode {mode!r} with padding {padding!r} (linear or nearest, "
-                              f"zeros or border padding are supported)")
-    if len(shape) != 4 or len(grid_shape) != 4 or grid_shape[3] != 2:
+        raise ctx.unsupported(f"mode {mode!r} with padding {padding!r} (linear, nearest or "
+                              "cubic, zeros, border or reflection padding are supported)")
+    rank = len(shape) - 2
+    if rank not in (2, 3) or len(grid_shape) != rank + 2 or grid_shape[-1] != rank:
         grid_text = ", ".join(map(str, grid_shape))
         raise ctx.unsupported(f"input of rank {len(shape)} and grid [{grid_text}] (images "
-                              f"[N, C, H, W] and grids [N, H_out, W_out, 2])")
-    corners, border = bool(ctx.attr("align_corners", 0)), padding == "border"
-    height, width = shape[2], shape[3]
+                              "[N, C, H, W] with grids [N, H_out, W_out, 2], or volumes "
+                              "[N, C, D, H, W] with grids [N, D_out, H_out, W_out, 3])")
+    if MODES[mode] == "cubic" and rank != 2:
+        raise ctx.unsupported("cubic mode of a volume (ONNX defines it for images)")
+    corners, sizes = bool(ctx.attr("align_corners", 0)), shape[2:]
+    mode = MODES[mode]
+    # Linear and nearest modes move the sampled position, cubic mode each of its taps.
+    pad, keep = PADDINGS[padding], PADDINGS["zeros"]
+    pad_position, pad_tap = (keep, pad) if mode == "cubic" else (pad, keep)
 
-    def element(n, c, i, j) -> Expr:
-        px = _position(grid[n, i, j, 0], width, corners, border)
-        py = _position(grid[n, i, j, 1], height, corners, border)
-        if MODES[mode] == "nearest":
-            return _pixel(x, n, c, call("round", py), call("round", px), height, width)
-        x0, y0 = call("floor", px), call("floor", py)
+    def element(n, c, *point) -> Expr:
+        terms: list[tuple[list[Expr], Expr | None]] = [([], None)]
+        for d, size in enumerate(sizes):
+            g = grid[(n, *point, as_expr(rank - 1 - d))]
+            position = pad_position(_position(g, size, corners), size, corners)
+            terms = [(index + [pad_tap(tap, size, corners)], w if weight is None else weight * w)
+                     for index, weight in terms for tap, w in TAPS[mode](position)]
         total = None
-        for xa in (x0, x0 + 1.0):
-            for ya in (y0, y0 + 1.0):
-                weight = (1.0 - call("abs", px - xa)) * (1.0 - call("abs", py - ya))
-                term = weight * _pixel(x, n, c, ya, xa, height, width)
-                total = term if total is None else total + term
+        for index, weight in terms:
+            term = weight * _element(x, n, c, index, sizes)
+            total = term if total is None else total + term
         return total
-    out = [shape[0], shape[1], grid_shape[1], grid_shape[2]]
-    return [compute("y", out, element)]
+    return [compute("y", [shape[0], shape[1], *grid_shape[1:-1]], element)]
 
 
-def _position(g: Expr, side, corners: bool, border: bool) -> Expr:
-    """Grid coordinate ``g`` in [-1, 1] as a position in pixels along ``side``."""
-    length = cast(as_expr(side), g.dtype)
-    if corners:  # -1 and 1 are the centres of the first and last pixels
-        p = (g + 1.0) * ((length - 1.0) * 0.5)
-    else:  # they are the outer edges of those pixels
-        p = ((g + 1.0) * length - 1.0) * 0.5
-    return minimum(maximum(p, 0.0), length - 1.0) if border else p
+def _position(g: Expr, size: Dim, corners: bool) -> Expr:
+    """Grid coordinate ``g`` in [-1, 1] as a position in elements along an axis."""
+    length = cast(as_expr(size), g.dtype)
+    if corners:  # -1 and 1 are the centres of the first and last elements
+        return (g + 1.0) * ((length - 1.0) * 0.5)
+    return ((g + 1.0) * length - 1.0) * 0.5  # they are the outer edges of those elements
 
 
-def _pixel(x, n, c, row: Expr, column: Expr, height, width) -> Expr:
-    """X's pixel at whole float positions ``row``, ``column``, zero outside the image."""
-    inside = logical_and(row >= 0.0, row <= cast(as_expr(height), row.dtype) - 1.0,
-                         column >= 0.0, column <= cast(as_expr(width), column.dtype) - 1.0)
-    r, q = (minimum(maximum(cast(p, dtypes.index_type), 0), as_expr(side) - 1)
-            for p, side in ((row, height), (column, width)))
-    return select(inside, x[n, c, r, q], 0.0)
+def _element(x: Buffer, n: Expr, c: Expr, index: list[Expr], sizes: list[Dim]) -> Expr:
+    """X's element at whole float positions ``index``, zero outside the input."""
+    inside = logical_and(*(cond for p, size in zip(index, sizes)
+                           for cond in (p >= 0.0, p <= cast(as_expr(size), p.dtype) - 1.0)))
+    clamped = [minimum(maximum(cast(p, dtypes.index_type), 0), as_expr(size) - 1)
+               for p, size in zip(index, sizes)]
+    return select(inside, x[(n, c, *clamped)], 0.0)

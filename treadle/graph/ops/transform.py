@@ -616,12 +616,20 @@ def trilu(ctx: OpContext):
 # or implied by the sizes, n_in and n_out the lengths.
 COORDINATES = {
     "half_pixel": lambda x, scale, n_in, n_out: (x + 0.5) / scale - 0.5,
+    # half_pixel, shifted so that the output (floor(n_in * scale) long, not n_in * scale)
+    # stays centred on the input.
+    "half_pixel_symmetric": lambda x, scale, n_in, n_out: (
+        n_in * 0.5 * (1.0 - n_out / (scale * n_in)) + (x + 0.5) / scale - 0.5),
     "pytorch_half_pixel": lambda x, scale, n_in, n_out: select(
         n_out > 1.0, (x + 0.5) / scale - 0.5, Const(0.0, dtypes.float32)),
     "asymmetric": lambda x, scale, n_in, n_out: x / scale,
     "align_corners": lambda x, scale, n_in, n_out: select(
         eq(n_out, 1.0), Const(0.0, dtypes.float32), x * (n_in - 1.0) / (n_out - 1.0)),
 }
+
+# The mode that resizes a crop of the input (a region of interest, input 1) and reads
+# ``extrapolation_value`` outside the input: ``_source_position`` computes its positions.
+CROP = "tf_crop_and_resize"
 
 # Nearest mode: rounding of a float32 position to an index.
 NEAREST = {
@@ -635,30 +643,97 @@ NEAREST = {
 @register("Resize")
 def resize(ctx: OpContext):
     x, shape = ctx.input(0), _dims(ctx, 0)
+    mode = _resize_mode(ctx, x.dtype)
+    out, scales = _resize_sizes(ctx, shape)
+    roi = _crop(ctx, len(shape))
+    # An axis that keeps its length at scale 1 (and is not cropped) maps each position
+    # to itself.
+    moved = [a for a in range(len(shape))
+             if not (out[a] == shape[a] and scales[a] in (1, None) and roi[a] == (0.0, 1.0))]
+    source = _source_position(ctx, shape, out, scales, roi)
+    element = _resample(ctx, x, mode, shape, moved, source)
+    if ctx.attr("coordinate_transformation_mode") != CROP:
+        return [compute("y", out, element)]
+    fill = cast(Const(float(ctx.attr("extrapolation_value", 0.0)), dtypes.float32), x.dtype)
+
+    def extrapolated(*i):
+        # A position outside the input along some axis gives extrapolation_value.
+        inside = []
+        for a in moved:
+            p = source(a, i[a])
+            inside += [p >= 0.0, p <= cast(as_expr(shape[a]) - 1, dtypes.float32)]
+        return select(logical_and(*inside), element(*i), fill) if inside else element(*i)
+    return [compute("y", out, extrapolated)]
+
+
+def _resample(ctx: OpContext, x, mode: str, shape: list[Dim], moved: list[int], source):
+    """The function from an output index to its value: the input element nearest the
+    source position, or a blend of those around it."""
+    if mode == "nearest":
+        rounding = NEAREST[ctx.attr("nearest_mode", "round_prefer_floor")]
+
+        def nearest_element(*i):
+            index = list(i)
+            for a in moved:
+                k = cast(rounding(source(a, i[a])), dtypes.index_type)
+                index[a] = minimum(maximum(k, 0), as_expr(shape[a]) - 1)
+            return x[tuple(index)]
+        return nearest_element
+    taps = _linear_taps if mode == "linear" else _cubic_taps(ctx)
+
+    def blend(*i):
+        # The product over moved axes of each axis's taps: (index, weight) pairs.
+        terms = [(list(i), None)]
+        for a in moved:
+            terms = [(index[:a] + [k] + index[a + 1:], _times(weight, cast(w, x.dtype)))
+                     for index, weight in terms for k, w in taps(source(a, i[a]), shape[a])]
+        return _pairwise_sum([x[tuple(index)] if weight is None else weight * x[tuple(index)]
+                              for index, weight in terms])
+    return blend
+
+
+def _pairwise_sum(terms: list[Expr]) -> Expr:
+    """The sum as a balanced tree: cubic taps over four axes are 256 terms, too deep a
+    chain for the printers' recursion."""
+    if len(terms) == 1:
+        return terms[0]
+    half = len(terms) // 2
+    return _pairwise_sum(terms[:half]) + _pairwise_sum(terms[half:])
+
+
+def _resize_mode(ctx: OpContext, dtype: dtypes.DataType) -> str:
     mode = ctx.attr("mode", "nearest")
-    transform = ctx.attr("coordinate_transformation_mode", "half_pixel")
-    nearest = ctx.attr("nearest_mode", "round_prefer_floor")
     if mode not in ("nearest", "linear", "cubic"):
         raise ctx.unsupported(f"mode {mode!r}")
-    if transform not in COORDINATES:
+    transform = ctx.attr("coordinate_transformation_mode", "half_pixel")
+    if transform not in COORDINATES and transform != CROP:
         raise ctx.unsupported(f"coordinate_transformation_mode {transform!r}")
-    if mode == "nearest" and nearest not in NEAREST:
-        raise ctx.unsupported(f"nearest_mode {nearest!r}")
-    if mode == "linear" and not x.dtype.is_float:
-        raise ctx.unsupported(f"linear resizing of {x.dtype}")
-    if ctx.attr("antialias", 0) or ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
-        raise ctx.unsupported("antialias and keep_aspect_ratio_policy")
-    out, scales = _resize_sizes(ctx, shape)
+    if mode == "nearest" and ctx.attr("nearest_mode", "round_prefer_floor") not in NEAREST:
+        raise ctx.unsupported(f"nearest_mode {ctx.attr('nearest_mode')!r}")
+    if mode != "nearest" and not dtype.is_float:
+        raise ctx.unsupported(f"{mode} resizing of {dtype}")
+    if ctx.attr("antialias", 0):
+        raise ctx.unsupported("antialias")
+    policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
+    if policy not in ("stretch", "not_larger", "not_smaller"):
+        raise ctx.error(f"unknown keep_aspect_ratio_policy {policy!r}")
+    return mode
+
+
+def _source_position(ctx: OpContext, shape: list[Dim], out: list[Dim],
+                     scales: list[Optional[float]], roi: list[tuple[float, float]]):
+    """(axis, output position) -> the float32 position in the input it samples."""
+    transform = ctx.attr("coordinate_transformation_mode", "half_pixel")
     f32 = dtypes.float32
-    # An axis that keeps its length at scale 1 maps each position to itself.
-    moved = [a for a in range(len(shape)) if not (out[a] == shape[a] and scales[a] in (1, None))]
-    if mode == "cubic" and moved:
-        # Only the identity, which every mode computes alike: Dinov2's position embeddings
-        # are resized bicubically to the grid they were trained at.
-        raise ctx.unsupported("mode 'cubic' to another size")
 
     def source(a: int, v: Expr) -> Expr:
         n_in, n_out = cast(as_expr(shape[a]), f32), cast(as_expr(out[a]), f32)
+        if transform == CROP:
+            # The output spans the crop [start, end] of the input (in fractions of its
+            # last position), or samples the crop's middle when one element long.
+            start, end = (Const(r, f32) for r in roi[a])
+            return select(n_out > 1.0, start * (n_in - 1.0) + cast(v, f32) * (end - start) *
+                          (n_in - 1.0) / (n_out - 1.0), 0.5 * (start + end) * (n_in - 1.0))
         if scales[a] is None and transform == "asymmetric":
             # i * n_in / n_out rounds once, so a tie (7 -> 8 wide: 3.5 at 4) stays a tie
             # for round_prefer_ceil, as in ONNX Runtime; i / (n_out / n_in) gave 3.4999998.
@@ -667,34 +742,70 @@ def resize(ctx: OpContext):
         # Runtime and PyTorch do (ONNX's reference takes the unrounded one).
         scale = n_out / n_in if scales[a] is None else Const(scales[a], f32)
         return COORDINATES[transform](cast(v, f32), scale, n_in, n_out)
+    return source
 
-    def last(a: int) -> Expr:
-        return as_expr(shape[a]) - 1
 
-    def nearest_element(*i):
-        index = list(i)
-        for a in moved:
-            k = cast(NEAREST[nearest](source(a, i[a])), dtypes.index_type)
-            index[a] = minimum(maximum(k, 0), last(a))
-        return x[tuple(index)]
+def _crop(ctx: OpContext, rank: int) -> list[tuple[float, float]]:
+    """tf_crop_and_resize's region of interest (input 1) per axis, as (start, end) in
+    fractions of the axis; the whole axis, (0, 1), elsewhere."""
+    crop = [(0.0, 1.0)] * rank
+    if ctx.attr("coordinate_transformation_mode") != CROP:
+        return crop
+    if not ctx.has_input(3):
+        raise ctx.unsupported("tf_crop_and_resize with scales (the output length then "
+                              "depends on the region of interest)")
+    roi = ctx.data(1) if ctx.has_input(1) else None
+    if roi is None:
+        raise ctx.needs_value(1, "roi") if ctx.has_input(1) else ctx.error("roi is required")
+    axes = normalize_axes(ctx, ctx.attr("axes"), rank) if ctx.attr("axes") else list(range(rank))
+    values = [float(v) for v in roi.astype(np.float32).reshape(-1)]
+    if len(values) != 2 * len(axes):
+        raise ctx.error(f"roi has {len(values)} values for {len(axes)} axes")
+    for k, a in enumerate(axes):
+        crop[a] = (values[k], values[k + len(axes)])
+    return crop
 
-    def linear_element(*i):
-        # Each moved axis blends the two neighbours of the (clamped) source position.
-        terms = [(list(i), None)]
-        for a in moved:
-            pos = minimum(maximum(source(a, i[a]), 0.0), cast(last(a), f32))
-            low = cast(call("floor", pos), dtypes.index_type)
-            high = minimum(low + 1, last(a))
-            r = cast(pos - call("floor", pos), x.dtype)
-            terms = [(index[:a] + [k] + index[a + 1:], _times(weight, w))
-                     for index, weight in terms
-                     for k, w in ((low, Const(1.0, x.dtype) - r), (high, r))]
-        value = None
-        for index, weight in terms:
-            term = x[tuple(index)] if weight is None else weight * x[tuple(index)]
-            value = term if value is None else value + term
-        return value
-    return [compute("y", out, linear_element if mode == "linear" else nearest_element)]
+
+def _linear_taps(pos: Expr, n: Dim) -> list[tuple[Expr, Expr]]:
+    """The two neighbours of the position, clamped into the input, and their weights."""
+    last = as_expr(n) - 1
+    pos = minimum(maximum(pos, 0.0), cast(last, dtypes.float32))
+    low = cast(call("floor", pos), dtypes.index_type)
+    r = pos - call("floor", pos)
+    return [(low, 1.0 - r), (minimum(low + 1, last), r)]
+
+
+def cubic_weights(s: Expr, a: float) -> list[Expr]:
+    """Keys' cubic convolution: the weights of the four neighbours floor(p) - 1 ..
+    floor(p) + 2 of a position p = floor(p) + s, for the kernel's parameter ``a``."""
+    def near(d: Expr) -> Expr:  # |d| <= 1
+        return ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0
+
+    def far(d: Expr) -> Expr:  # 1 < |d| < 2
+        return ((a * d - 5.0 * a) * d + 8.0 * a) * d - 4.0 * a
+    return [far(s + 1.0), near(s), near(1.0 - s), far(2.0 - s)]
+
+
+def _cubic_taps(ctx: OpContext):
+    """The four cubic neighbours with ONNX's ``cubic_coeff_a``. A neighbour outside the
+    input reads the nearest edge element, or with ``exclude_outside`` gets weight 0 and
+    the others are scaled to sum to 1. The position itself is not clamped, unlike linear
+    mode's (ONNX Runtime's)."""
+    a = float(ctx.attr("cubic_coeff_a", -0.75))
+    exclude = bool(ctx.attr("exclude_outside", 0))
+
+    def taps(pos: Expr, n: Dim) -> list[tuple[Expr, Expr]]:
+        base = call("floor", pos)
+        weights = cubic_weights(pos - base, a)
+        positions = [cast(base, dtypes.index_type) + (k - 1) for k in range(4)]
+        if exclude:
+            weights = [select(logical_and(p >= 0, p < n), w, 0.0)
+                       for p, w in zip(positions, weights)]
+            total = weights[0] + weights[1] + weights[2] + weights[3]
+            weights = [w / total for w in weights]
+        last = as_expr(n) - 1
+        return [(minimum(maximum(p, 0), last), w) for p, w in zip(positions, weights)]
+    return taps
 
 
 def _times(a: Optional[Expr], b: Expr) -> Expr:
@@ -711,6 +822,9 @@ def _resize_sizes(ctx: OpContext, shape: list[Dim]) -> tuple[list[Dim], list[Opt
         sizes = ctx.known(3, "sizes")
         if len(sizes) != len(axes):
             raise ctx.error(f"{len(sizes)} sizes for {len(axes)} axes")
+        policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch":
+            return _keep_aspect_ratio(ctx, shape, axes, sizes, policy)
         for a, size in zip(axes, sizes):
             out[a], scales[a] = size, None
         return out, scales
@@ -727,6 +841,24 @@ def _resize_sizes(ctx: OpContext, shape: list[Dim]) -> tuple[list[Dim], list[Opt
         # floor(d * scale) exactly: the float32 scale is a binary fraction.
         ratio = Fraction(float(scale))
         out[a] = simplify_dim(as_expr(shape[a]) * ratio.numerator // ratio.denominator)
+        scales[a] = float(scale)
+    return out, scales
+
+
+def _keep_aspect_ratio(ctx: OpContext, shape: list[Dim], axes: list[int], sizes: list[Dim],
+                       policy: str) -> tuple[list[Dim], list[Optional[float]]]:
+    """One scale for every resized axis: the largest that keeps them within ``sizes``
+    (not_larger) or the smallest that covers them (not_smaller), in float32; each length
+    is its input length times it, rounded half away from zero, as in ONNX Runtime."""
+    lengths = [shape[a] for a in axes]
+    if not all(isinstance(v, int) and v > 0 for v in [*sizes, *lengths]):
+        raise ctx.unsupported(f"keep_aspect_ratio_policy {policy!r} needs positive sizes "
+                              "known when compiling")
+    ratios = [np.float32(size) / np.float32(n) for size, n in zip(sizes, lengths)]
+    scale = min(ratios) if policy == "not_larger" else max(ratios)
+    out, scales = list(shape), [1.0] * len(shape)
+    for a in axes:
+        out[a] = int(np.floor(np.float64(scale * np.float32(shape[a])) + 0.5))
         scales[a] = float(scale)
     return out, scales
 

@@ -69,7 +69,9 @@ def _same_dtype(node: Operator, inputs: list, readers) -> Optional[Sequence[Tens
 
 def _same_size(node: Operator, inputs: list, readers) -> Optional[Sequence[Tensor]]:
     """A resize to its input's size maps each position to itself, unless scales other than
-    1 round to the same length (which moves the positions within it)."""
+    1 round to the same length (which moves the positions within it) or it crops."""
+    if node.attrs.get("coordinate_transformation_mode") == "tf_crop_and_resize":
+        return None
     scales = inputs[2] if len(inputs) > 2 else None
     unscaled = scales is None or (scales.is_constant and bool(np.all(scales.data == 1)))
     return _same_shape(node, inputs, readers) if unscaled else None

@@ -215,6 +215,8 @@ def _batch_norm(node: Operator, inputs: list) -> Sequence[Tensor]:
     """Inference: x * factor + shift per channel, with factor = scale / sqrt(var + eps)
     and shift = bias - mean * factor computed here when the statistics are constants;
     otherwise (x - mean) * factor + bias, factor computed on the channel vectors."""
+    if node.attrs.get("training_mode", 0):
+        return None  # the statistics are the batch's own: the node stays whole
     x, scale, bias, mean, var = inputs[:5]
     p, eps = Primitives(node), _epsilon(node)
     if all(t.is_constant for t in (scale, bias, mean, var)):

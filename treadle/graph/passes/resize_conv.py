@@ -111,6 +111,7 @@ def _enlarging(old: Tensor, new: Tensor, cout: int, sole) -> bool:
     given = [t for t in resize.inputs[2:4] if t is not None]  # scales, sizes
     if (attrs.get("mode", "nearest") not in BLENDING_MODES or attrs.get("antialias", 0)
             or attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch"
+            or attrs.get("coordinate_transformation_mode") == "tf_crop_and_resize"
             or SOURCE_AXES in attrs or not all(t.is_constant for t in given)
             or tuple(x.shape[:2]) != tuple(new.shape[:2])
             or not isinstance(x.shape[1], int) or x.shape[1] < cout):

@@ -634,3 +634,16 @@ def test_known_indices_over_a_symbolic_axis_are_checked_at_run_time(op, data, in
     for n, offending in bad.items():
         with pytest.raises(KernelError, match=rf"node 'pick' \({op}\): index {offending} is out"):
             compiled(**feeds(n))
+
+
+def test_reverse_sequence():
+    """Lengths of every batch entry from 0 to the whole axis, time first or batch first,
+    with run-time lengths and a symbolic length of the time axis."""
+    check([
+        Case("ReverseSequence", [In((7, 4, 3)), i64(7, 0, 1, 5)],
+             {"batch_axis": 1, "time_axis": 0}),
+        Case("ReverseSequence", [In((4, 13)), i64(13, 2, 1, 12)],
+             {"batch_axis": 0, "time_axis": 1}),
+        Case("ReverseSequence", [In(("t", 5), "int64"), In((5,), "int64", 0, 2)],
+             {"batch_axis": 1, "time_axis": 0}),
+    ], envs=({"t": 2}, {"t": 1}, {"t": 11}))

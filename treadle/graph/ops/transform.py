@@ -595,6 +595,31 @@ def one_hot(ctx: OpContext):
     return [compute("y", shape[:axis] + [depth] + shape[axis:], element)]
 
 
+@register("ReverseSequence")
+def reverse_sequence(ctx: OpContext):
+    """Each batch entry's first ``sequence_lens[b]`` steps along the time axis reversed,
+    the rest copied."""
+    x, shape = ctx.input(0), _dims(ctx, 0)
+    if len(shape) < 2:
+        raise ctx.error(f"needs rank 2 or more, got {len(shape)}")
+    lengths = _integer_input(ctx, 1, "sequence_lens")
+    batch = normalize_axis(ctx, ctx.attr("batch_axis", 1), len(shape))
+    time = normalize_axis(ctx, ctx.attr("time_axis", 0), len(shape))
+    if {batch, time} != {0, 1}:
+        raise ctx.error(f"batch_axis {batch} and time_axis {time} must be 0 and 1")
+    if _dims(ctx, 1) != [shape[batch]]:
+        raise ctx.error(f"sequence_lens has shape {_fmt(_dims(ctx, 1))}, expected "
+                        f"[{shape[batch]}]")
+
+    def element(*i):
+        # A length past the axis reverses all of it, as ONNX Runtime's check would refuse.
+        n = minimum(cast(lengths[(i[batch],)], dtypes.index_type), as_expr(shape[time]))
+        t = i[time]
+        source = select(t < n, n - 1 - t, t)
+        return x[tuple(source if a == time else v for a, v in enumerate(i))]
+    return [compute("y", shape, element)]
+
+
 @register("Trilu")
 def trilu(ctx: OpContext):
     x, shape = ctx.input(0), _dims(ctx, 0)

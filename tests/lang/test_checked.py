@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tests.harness import assert_close, random_array
+from tests.lang.test_kernels import matmul
 from treadle import lang
 from treadle.config import override
 from treadle.errors import KernelError
@@ -47,14 +48,8 @@ def test_a_read_past_the_tensor_fails_naming_it():
         read_past(x[:2], y[:2])
 
 
-@lang.kernel(checked=True)
-def checked_matmul(a: f32[M, K], b: f32[K, N], c: f32[M, N]):
-    for i in lang.parallel(M):
-        for j in range(N):
-            acc = 0.0
-            for k in range(K):
-                acc += a[i, k] * b[k, j]
-            c[i, j] = acc
+# The unchecked kernel's own source, parsed again in checked mode.
+checked_matmul = lang.kernel(checked=True)(matmul.__wrapped__)
 
 
 @pytest.mark.parametrize("m", SIZES)

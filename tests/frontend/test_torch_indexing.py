@@ -278,3 +278,13 @@ def test_grid_sample_of_a_volume(mode):
                                         align_corners=False),
              torch.randn(2, 3, 5, 4, 7), torch.rand(2, 3, 4, 2, 3) * 3.0 - 1.5, rtol=1e-4,
              atol=1e-5)
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), (2, 3, 13, 7)),
+    (lambda x: F.max_pool2d(x, 2, ceil_mode=True, return_indices=True), (3, 7, 5)),
+    (lambda x: F.max_pool1d(x, 3, 1, dilation=2, return_indices=True), (1, 4, 61)),
+    (lambda x: F.max_pool3d(x, 2, return_indices=True), (1, 2, 5, 6, 7))])
+def test_max_pool_indices(pool, shape):
+    """Positions within each plane, as PyTorch counts them (ONNX counts over the tensor)."""
+    _matches(pool, torch.randn(shape))

@@ -24,7 +24,7 @@ from treadle.errors import TreadleError, UnsupportedOpError
 from treadle.frontend.torch import CHECKS, Importer, numpy_of, torch_dtype
 from treadle.graph.operator import apply
 from treadle.graph.ops.shape import dims_tensor
-from treadle.graph.tensor import Dim, Tensor, constant
+from treadle.graph.tensor import Dim, Tensor, constant, num_elements
 from treadle.ir import dtypes
 from treadle.ir.dtypes import DataType
 from treadle.ir.expr import as_expr, maximum, minimum
@@ -1345,12 +1345,18 @@ def _max_pool(call: Call, x, kernel, stride=(), padding=0, dilation=1, ceil_mode
     kernel = _window(kernel, spatial)
     stride = _window(stride, spatial) if stride else kernel
     pads = _window(padding, spatial)
-    y = _batched(call, x, lambda b: call.op(
-        "MaxPool", b, kernel_shape=kernel, strides=stride, pads=pads + pads,
-        dilations=_window(dilation, spatial), ceil_mode=int(ceil_mode)))
-    if "with_indices" in call.node.target._opname:
-        return call.first_only(y, "max pooling indices")
-    return y
+    attrs = dict(kernel_shape=kernel, strides=stride, pads=pads + pads,
+                 dilations=_window(dilation, spatial), ceil_mode=int(ceil_mode))
+    if "with_indices" not in call.node.target._opname:
+        return _batched(call, x, lambda b: call.op("MaxPool", b, **attrs))
+    # ONNX counts a maximum's position over the whole tensor, PyTorch within its plane.
+    unbatched = x.rank == spatial + 1
+    b = call.op("Unsqueeze", x, call.ints([0])) if unbatched else x
+    y, flat = call.op("MaxPool", b, outputs=2, **attrs)
+    indices = call.op("Mod", flat, call.dims([num_elements(x.shape[-spatial:])]))
+    if unbatched:
+        return tuple(call.op("Squeeze", t, call.ints([0])) for t in (y, indices))
+    return y, indices
 
 
 @aten("avg_pool2d.default", "avg_pool1d.default", "avg_pool3d.default")

@@ -83,8 +83,10 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("batch_first", [True, False])
-@pytest.mark.parametrize("kind", list(LAYERS))
+# Each kind and both batch layouts by default, every pairing of them with -m slow.
+@pytest.mark.parametrize("kind, batch_first", [
+    pytest.param(kind, first, marks=() if first == (kind == "gru") else pytest.mark.slow)
+    for kind in LAYERS for first in (True, False)])
 def test_export_matches_eager(kind, batch_first, counted):
     module, x = model(kind, batch_first), sequence(batch_first)
     assert_eager(treadle.compile(module, x)(x), module, x)
@@ -127,7 +129,7 @@ def test_given_initial_states():
     assert_eager(treadle.compile(module, (x, h, c))(x, h, c), module, x, h, c)
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kind", [pytest.param("lstm", marks=pytest.mark.slow), "gru"])
 def test_float64(kind):
     module = model(kind, False).double()
     x = sequence(False).double()

@@ -91,8 +91,12 @@ def assert_matches_onnxruntime(compiled, model, feeds, context=""):
         assert_close(actual, expected, context=f"{name} {context}")
 
 
-CASES = [(op, direction, layout) for op in CELLS
-         for direction in ("forward", "reverse", "bidirectional") for layout in (0, 1)]
+# Each direction and each layout by default, every pairing of them with -m slow.
+DEFAULT = {("forward", 0), ("reverse", 1), ("bidirectional", 0)}
+CASES = [pytest.param(op, direction, layout,
+                      marks=() if (direction, layout) in DEFAULT else pytest.mark.slow)
+         for op in CELLS for direction in ("forward", "reverse", "bidirectional")
+         for layout in (0, 1)]
 
 
 @pytest.mark.parametrize("op, direction, layout", CASES)
@@ -109,8 +113,9 @@ def test_given_states_and_lengths(op, direction, layout):
 
 
 @pytest.mark.parametrize("op", list(CELLS))
-@pytest.mark.parametrize("seq, batch, features, hidden", [(1, 1, 1, 1), (1, 3, 5, 7),
-                                                          (5, 2, 17, 11), (2, 4, 3, 32)])
+@pytest.mark.parametrize("seq, batch, features, hidden", [
+    (1, 1, 1, 1), pytest.param(1, 3, 5, 7, marks=pytest.mark.slow), (5, 2, 17, 11),
+    pytest.param(2, 4, 3, 32, marks=pytest.mark.slow)])
 def test_sizes(op, seq, batch, features, hidden):
     model, feeds = recurrent_case(op, seq, batch, features, hidden, "bidirectional", seed=5)
     assert_matches_onnxruntime(treadle.compile(model), model, feeds)

@@ -37,8 +37,11 @@ def sample_model(rank: int, modes, padding: str, opset: int = 20):
                               tensor("grid", ["n", *points, rank])], outputs, opset=opset)
 
 
-@pytest.mark.parametrize("rank", sorted(RANKS))
-@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+# Each rank and each padding by default, every pairing of them with -m slow.
+@pytest.mark.parametrize("rank, padding", [
+    pytest.param(rank, padding, marks=() if (rank, padding) in {
+        (2, "zeros"), (2, "reflection"), (3, "border")} else pytest.mark.slow)
+    for rank in sorted(RANKS) for padding in ("zeros", "border", "reflection")])
 def test_matches_onnxruntime_at_symbolic_sizes(rank, padding):
     modes, sizes = RANKS[rank]
     model = sample_model(rank, modes, padding)
@@ -53,7 +56,8 @@ def test_matches_onnxruntime_at_symbolic_sizes(rank, padding):
                                               f"sizes {spatial} -> {points}")
 
 
-@pytest.mark.parametrize("rank", sorted(RANKS))
+@pytest.mark.parametrize("rank", [pytest.param(r, marks=pytest.mark.slow) if r == 3 else r
+                                  for r in sorted(RANKS)])
 def test_in_the_gpu_simulator(rank):
     modes, sizes = RANKS[rank]
     model = sample_model(rank, modes, "reflection")

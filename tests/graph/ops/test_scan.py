@@ -50,7 +50,9 @@ CASES = [((13, 7), 0), ((13, 7), 1), ((3, 11, 5), 1), ((3, 11, 5), -1), ((2039,)
          ((4, 0, 3), 1), ((0, 5), 1), ((1, 1), 0), ((2, 257, 61), 1)]
 
 
-@pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("exclusive, reverse", [
+    (0, 0), pytest.param(1, 0, marks=pytest.mark.slow),
+    pytest.param(0, 1, marks=pytest.mark.slow), (1, 1)])
 @pytest.mark.parametrize("shape, axis", CASES)
 def test_cumsum_matches_onnxruntime(shape, axis, exclusive, reverse):
     model = scan_model("CumSum", shape, axis, exclusive=exclusive, reverse=reverse)
@@ -60,7 +62,8 @@ def test_cumsum_matches_onnxruntime(shape, axis, exclusive, reverse):
 
 
 @pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 1)])
-@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float64])
+@pytest.mark.parametrize("dtype", [pytest.param(np.int32, marks=pytest.mark.slow), np.int64,
+                                   pytest.param(np.float64, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("shape, axis", CASES[:5])
 def test_cumprod_matches_numpy(shape, axis, dtype, exclusive, reverse):
     model = scan_model("CumProd", shape, axis, dtype, exclusive=exclusive, reverse=reverse)

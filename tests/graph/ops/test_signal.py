@@ -104,8 +104,10 @@ def cosine_window(coefficients, size, periodic):
 @pytest.mark.parametrize("op, coefficients", [("HannWindow", (0.5, -0.5)),
                                               ("HammingWindow", (25 / 46, -21 / 46)),
                                               ("BlackmanWindow", (0.42, -0.5, 0.08))])
-@pytest.mark.parametrize("size, periodic", [(1, 1), (2, 1), (2, 0), (7, 1), (7, 0), (61, 0),
-                                           (400, 1)])
+@pytest.mark.parametrize("size, periodic", [
+    (1, 1), pytest.param(2, 1, marks=pytest.mark.slow), (2, 0),
+    pytest.param(7, 1, marks=pytest.mark.slow), (7, 0),
+    pytest.param(61, 0, marks=pytest.mark.slow), (400, 1)])
 def test_windows_match_their_formulas(op, coefficients, size, periodic):
     got = treadle.compile(window_model(op, size, periodic=periodic))()[0]
     assert_close(got, cosine_window(coefficients, size, periodic).astype(np.float32))

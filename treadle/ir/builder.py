@@ -23,6 +23,7 @@ from treadle.errors import IRError
 from treadle.ir import dtypes
 from treadle.ir.dtypes import DataType
 from treadle.ir.expr import Buffer, Expr, Var, as_expr
+from treadle.ir.functor import free_vars
 from treadle.ir.mapping import TaskMapping
 from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, Evaluate, For, ForTask,
                              Function, If, Let, Seq, Stmt, Store)
@@ -83,6 +84,13 @@ class FunctionBuilder:
         self._declare_param_name(param.name)
         self._params.append(param)
         return param
+
+    def add_size_symbols(self, sizes: Sequence) -> None:
+        """Makes every symbol the sizes name a parameter, in order of name, after the
+        buffers (hand-written kernels take their symbolic sizes last)."""
+        found = {v for d in sizes for v in free_vars(as_expr(d))}
+        for symbol in sorted(found, key=lambda v: v.name):
+            self.add_param(symbol)
 
     @property
     def params(self) -> tuple:

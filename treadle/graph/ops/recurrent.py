@@ -34,7 +34,6 @@ from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, compute
 from treadle.ir.expr import (Buffer, Const, Expr, Load, Var, as_expr, call, cast, eq,
                              maximum, minimum, select)
-from treadle.ir.functor import free_vars
 from treadle.schedule.rules import Kernel, canonical_kernel
 
 Activation = Callable[[Expr], Expr]
@@ -447,10 +446,7 @@ def _kernel(op: Operator, name: str, cell: Cell, projected: bool) -> Kernel:
             for d in range(layer.directions):
                 with fb.if_(eq(line // batch, d)):
                     _direction(fb, io, d, line % batch, line)
-        for symbol in sorted({v for b in (*inputs, *outputs) if b is not None
-                              for size in b.shape for v in free_vars(as_expr(size))},
-                             key=lambda v: v.name):
-            fb.add_param(symbol)
+        fb.add_size_symbols([d for b in (*inputs, *outputs) if b is not None for d in b.shape])
     return canonical_kernel(fb.function, inputs, len(outputs))
 
 

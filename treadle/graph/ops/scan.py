@@ -15,7 +15,6 @@ from treadle.graph.ops.transform import _dims, known_scalar
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, combine, identity_of, reduce
 from treadle.ir.expr import as_expr, select
-from treadle.ir.functor import free_vars
 from treadle.schedule.rules import Kernel, canonical_kernel
 
 OPS = {"CumSum": "sum", "CumProd": "prod"}
@@ -44,9 +43,7 @@ def _kernel(op: Operator, name: str) -> Kernel:
         for b in (x, y):
             fb.add_param(b)
         over_lines(fb, x.shape[:axis], x.shape[axis + 1:], line)
-        for symbol in sorted({v for d in x.shape for v in free_vars(as_expr(d))},
-                             key=lambda v: v.name):
-            fb.add_param(symbol)
+        fb.add_size_symbols(x.shape)
     return canonical_kernel(fb.function, op.input_buffers, 1)
 
 

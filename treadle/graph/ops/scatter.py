@@ -27,7 +27,6 @@ from treadle.ir import dtypes
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, combine, compute, identity_of, reduce
 from treadle.ir.expr import Buffer, Expr, as_expr, cast, eq, logical_and, select
-from treadle.ir.functor import free_vars
 from treadle.ir.mapping import unravel
 from treadle.schedule.rules import Kernel, canonical_kernel
 
@@ -116,9 +115,7 @@ def _kernel(op: Operator, name: str) -> Kernel:
         over_lines(fb, (), data.shape, lambda _, each: each(
             lambda i: fb.store(y, i, data[i])))
         _apply(fb, layout, y, updates, reduction)
-        for symbol in sorted({v for b in (data, indices, updates) for d in b.shape
-                              for v in free_vars(as_expr(d))}, key=lambda v: v.name):
-            fb.add_param(symbol)
+        fb.add_size_symbols((*data.shape, *indices.shape, *updates.shape))
     return canonical_kernel(fb.function, op.input_buffers, 1)
 
 

@@ -25,7 +25,6 @@ from treadle.ir import dtypes
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, compute
 from treadle.ir.expr import Buffer, Expr, Load, as_expr, cast, minimum, ne, select
-from treadle.ir.functor import free_vars
 from treadle.ir.mapping import unravel
 from treadle.schedule.rules import Kernel, canonical_kernel
 
@@ -66,9 +65,7 @@ def _kernel(op: Operator, name: str) -> Kernel:
                     _insert_line(fb, x, values, indices, at, length, k, better)
                 else:
                     _sort_line(fb, x, (values, indices), runs, line, at, length, k, better)
-        for symbol in sorted({v for b in (x, values) for d in b.shape
-                              for v in free_vars(as_expr(d))}, key=lambda v: v.name):
-            fb.add_param(symbol)
+        fb.add_size_symbols((*x.shape, *values.shape))
     return canonical_kernel(fb.function, op.input_buffers, 2)
 
 

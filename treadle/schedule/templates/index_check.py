@@ -15,7 +15,6 @@ from treadle.graph.ops.transform import index_bounds, out_of_range
 from treadle.ir import dtypes
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.expr import as_expr, cast, logical_and
-from treadle.ir.functor import free_vars
 from treadle.schedule.rules import Kernel, canonical_kernel
 
 
@@ -37,9 +36,7 @@ def schedule_index_check(op: Operator, name: str) -> Kernel:
                            out_of_range(op.attrs, "{value}", j, size), value)
                 fb.store(y, at, x[at])
         _nest(fb, x.shape[:-1] if tuples else x.shape, (), check)
-        for symbol in sorted({v for d in (*x.shape, *sizes) for v in free_vars(as_expr(d))},
-                             key=lambda v: v.name):
-            fb.add_param(symbol)
+        fb.add_size_symbols((*x.shape, *sizes))
     return canonical_kernel(fb.function, op.input_buffers, 1)
 
 

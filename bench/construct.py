@@ -44,13 +44,15 @@ from treadle import ops
 from treadle.config import override
 from treadle.graph.kernel_plan import greedy
 from treadle.graph.optimize import optimize
-from treadle.schedule.operator import select_template
+from treadle.schedule.select import select_template
 from treadle.schedule.template import default_point
+from treadle.schedule.templates.gemm import GEMM
+from treadle.schedule.templates.gemm.construction import WEIGHTS, gemm_terms
 from treadle.target.cpu import host
 from treadle.target.memory import memory_hierarchy
 from treadle.timing import load_note
-from treadle.tune.construct import CONSTRUCTIONS, WEIGHTS, construct, gemm_terms
-from treadle.tune.exhaustive import distinct_points
+from treadle.tune.construct import construct
+from treadle.tune.choice import distinct_points
 from treadle.tune.measure import measure_functions
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -150,8 +152,7 @@ def bench_workload(workload: Workload, level: int) -> dict:
     rounds = {m: confirmed.get(points[m][1]) for m in points}
     result = {m: statistics.median(rounds[m]) if rounds[m] else time_of[points[m][1]]
               for m in points}
-    adapter = CONSTRUCTIONS.get(template.name)
-    measured = [] if adapter is None else [
+    measured = [] if template is not GEMM else [
         {"config": str(r.config), "seconds": t, "terms": gemm_terms(r, memory_hierarchy())}
         for r, t in time_of.items() if t is not None]
     return {"label": workload.label, "template": template.name, "flops": workload.flops,

@@ -40,7 +40,7 @@ from treadle.runtime.cuda import CudaKernel, device_properties
 from treadle.schedule.template import valid_points
 from treadle.schedule.templates.gemm import match_gemm
 from treadle.schedule.templates.matmul_cuda import MATMUL_CUDA
-from treadle.target.cuda import device_target
+from treadle.runtime.cuda import device_target
 
 TUNING_RUNS = 5
 

@@ -99,7 +99,7 @@ def run_case(case: Case) -> Outcome:
     import onnx
 
     from treadle.errors import UnsupportedOpError
-    from treadle.frontend.onnx_backend import TreadleBackend
+    from treadle.integrations.onnx_backend import TreadleBackend
     try:
         rep = TreadleBackend.prepare(onnx.load_from_string(case.model))
     except UnsupportedOpError as err:

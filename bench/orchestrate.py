@@ -48,7 +48,9 @@ from common import OUT, enter_treadle_settings, exported, relative_error
 from treadle.frontend.onnx import from_onnx
 from treadle.graph.optimize import optimize
 from treadle.orchestrate import orchestrate
+from treadle.target.cpu import host
 from treadle.timing import interleaved_medians, load_note, onnxruntime_session
+from treadle.tune.kernel import KernelMaker
 
 SYSTEMS = ("orchestrated", "greedy", "onnxruntime")
 MODELS = ("candy", "segformer_b0", "bert", "gpt2")
@@ -165,9 +167,9 @@ def bench_case(name: str, args) -> dict:
     with contextlib.ExitStack() as stack:
         enter_treadle_settings(stack, args.threads, warm_cache=False)
         graph = optimize(from_onnx(path))
-        summary = orchestrate(graph).summary
+        summary = orchestrate(graph, KernelMaker(host())).summary
         start = time.perf_counter()
-        orchestrate(graph)
+        orchestrate(graph, KernelMaker(host()))
         warm = time.perf_counter() - start
         systems = {"orchestrated": treadle.compile(path, orchestrate=True),
                    "greedy": treadle.compile(path)}

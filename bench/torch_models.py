@@ -26,7 +26,7 @@ import time
 import treadle
 from common import enter_treadle_settings, exported, relative_error
 from models import _ratio, geomean
-from treadle.frontend import dynamo
+from treadle.integrations import dynamo
 from treadle.models import MODELS as ZOO, build
 from treadle.timing import interleaved_medians, load_note
 

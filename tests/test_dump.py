@@ -6,7 +6,7 @@ from treadle.config import override
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.dtypes import float32
 from treadle.ir.mapping import repeat, spatial
-from treadle.runtime.module import compile_function
+from treadle.runtime.build import compile_function
 
 
 def program(name):

@@ -50,7 +50,7 @@ from treadle.runtime.saved import (Program, SavedKernel, SavedLibrary, SavedStep
 from treadle.specialise import SpecialisingModel, value_inputs
 from treadle.target.cpu import host
 from treadle.tune.dynamic import size_ranges
-from treadle.tune.exhaustive import LEVELS
+from treadle.tune.choice import LEVELS
 
 if TYPE_CHECKING:
     import onnx
@@ -134,32 +134,30 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
     which gives a ``CompiledModule`` returning what the module returns.
 
     ``tune`` picks how template schedules (matrix multiplications, convolutions) are
-    chosen: 0 an analytic default for this CPU, 1 the fastest of a small measured space,
-    2 of the full space, ``"construct"`` a schedule constructed from the CPU's memory
-    hierarchy without measuring (Gensor), ``"construct+measure"`` the fastest of a few
-    constructed ones. Measured results are recorded under the cache directory, so
-    compiling the same model again measures nothing. ``shapes`` fixes input shapes by name (for
-    example ``{"input_ids": [1, 128]}``), turning symbolic dimensions into numbers.
+    chosen: 0 an analytic default for the target, 1 the fastest of a small measured space,
+    2 of the full space, ``"construct"`` one constructed from the target's memory hierarchy
+    without measuring (Gensor), ``"construct+measure"`` the fastest of a few constructed
+    ones. Measured results are recorded under the cache directory, so compiling the same
+    model again measures nothing. ``shapes`` fixes input shapes by name (for example
+    ``{"input_ids": [1, 128]}``), turning symbolic dimensions into numbers.
 
     ``dynamic`` declares the sizes a symbolic dimension takes, as ``{"seq": (1, 512)}``, a
-    list of the sizes expected, or a ``{size: weight}`` histogram: the matrix
-    multiplications and convolutions whose sizes depend on it are then tuned over the
-    whole range at once (``treadle.tune.dynamic``; at least at level 1, measuring about as
-    long as one size takes), into a few variants and a dispatcher choosing among them at
-    each call. Every size still runs, in the range or out of it. For a torch module,
-    ``dynamic`` instead names its symbolic dimensions by argument and axis,
-    ``{"input_ids": {1: "seq"}}`` (a ``torch.export.Dim`` may stand for a name).
+    list of the sizes expected, or a ``{size: weight}`` histogram: the kernels whose sizes
+    depend on it get a few variants tuned over the whole range at once and a dispatcher
+    choosing among them at each call (DietCode; ``treadle.tune.dynamic``). Every size
+    still runs, in the range or out of it. For a torch module, ``dynamic`` instead names
+    its symbolic dimensions by argument and axis, ``{"input_ids": {1: "seq"}}`` (a
+    ``torch.export.Dim`` may stand for a name).
 
-    ``orchestrate=True`` chooses the kernels as Korch does (``treadle.orchestrate``):
-    operators split into primitives, candidate kernels over them measured, and the
-    cheapest set that computes the model picked by a binary linear program, never worse
-    than the default fusion by measurement; it takes minutes the first time and seconds
-    once the candidates' costs are cached.
+    ``orchestrate=True`` chooses the kernels as Korch does (``treadle.orchestrate``): the
+    cheapest set of candidate kernels over primitives, picked by a binary linear program,
+    never worse than the default fusion by measurement.
 
-    ``target`` is ``"cpu"`` (this machine's processor) or ``"cuda"``: kernels in CUDA C for
-    this machine's GPU, or where it has none for an sm_80 GPU (``"cuda:sm_90"`` names the
-    architecture). A CUDA model builds and saves anywhere nvcc is, and runs where a GPU
-    is; its kernels take their level-0 configs (``tune=0``).
+    ``target`` is ``"cpu"`` (this machine's processor) or ``"cuda"``: CUDA C for this
+    machine's GPU, or where it has none for an sm_80 GPU (``"cuda:sm_90"`` names the
+    architecture). A CUDA model builds and saves anywhere nvcc is and runs where a GPU is;
+    without one, what needs measuring (``tune=1``) raises ``DeviceUnavailableError``,
+    while ``"construct"`` and orchestration (on estimated costs) still work.
 
     An ONNX model whose shapes depend on the contents of small inputs (a Reshape's target
     shape given as a graph input) gives a ``SpecialisingModel``, compiled at the first call
@@ -171,13 +169,7 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
     if _is_module(model):
         return CompiledModule(model, lambda: _compile_module(
             model, example_inputs, dynamic, name, tune, shapes, strategy, device))
-    if example_inputs is not None:
-        raise TypeError("example_inputs are for torch modules; an ONNX model or a graph "
-                        "declares its inputs")
-    ranges = size_ranges(dynamic) if dynamic else {}
-    if ranges and isinstance(tune, str):
-        raise ValueError(f"tune={tune!r} does not combine with dynamic=: dynamic shapes are "
-                         "tuned by measurement (tune=0, 1 or 2)")
+    ranges = _ranges(example_inputs, dynamic, tune)
     try:
         return _compile(model, name, tune, shapes, ranges, strategy, device)
     except NeedsValueError as err:
@@ -190,6 +182,18 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
                                  lambda bound: _compile(bound, name, tune, shapes, ranges,
                                                        strategy, device),
                                  name or proto.graph.name or "model")
+
+
+def _ranges(example_inputs, dynamic, tune: int | str) -> dict:
+    """The size ranges ``dynamic`` declares for a model that is not a torch module."""
+    if example_inputs is not None:
+        raise TypeError("example_inputs are for torch modules; an ONNX model or a graph "
+                        "declares its inputs")
+    ranges = size_ranges(dynamic) if dynamic else {}
+    if ranges and isinstance(tune, str):
+        raise ValueError(f"tune={tune!r} does not combine with dynamic=: dynamic shapes are "
+                         "tuned by measurement (tune=0, 1 or 2)")
+    return ranges
 
 
 def _is_module(model) -> bool:
@@ -224,8 +228,8 @@ def _target(name: str):
     kind, _, arch = name.partition(":")
     if kind != "cuda":
         raise ValueError(f"target={name!r}: expected 'cpu', 'cuda' or 'cuda:<arch>'")
-    from treadle.runtime.cuda import available
-    from treadle.target.cuda import cuda_target, device_target
+    from treadle.runtime.cuda import available, device_target
+    from treadle.target.cuda import cuda_target
     if arch:
         return cuda_target(arch)
     return device_target() if available() else cuda_target()

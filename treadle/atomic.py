@@ -8,14 +8,18 @@ import tempfile
 from pathlib import Path
 
 
-def write_json(path: Path, data) -> Path:
+def write_bytes(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def write_json(path: Path, data) -> Path:
+    return write_bytes(path, json.dumps(data, indent=1).encode())

@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from treadle.compiler import compile_graph
+from treadle.compiler import compile_graph, run_constants
 from treadle.dump import dump_folder
 from treadle.errors import ModelError
 from treadle.graph.graph import Graph
@@ -26,6 +26,7 @@ from treadle.graph.kernel_plan import KernelPlan, greedy
 from treadle.graph.partition import format_partition
 from treadle.graph.tensor import Dim
 from treadle.ir.functor import evaluate, free_vars
+from treadle.runtime.inputs import random_input
 from treadle.specialise import bind_needed
 
 # The (rtol, atol) a tensor of each float type is held to by default: half precision
@@ -33,7 +34,6 @@ from treadle.specialise import bind_needed
 # units in the last place (float16's is 1e-3 near 1, bfloat16's 8e-3).
 TOLERANCES = {"float16": (1e-2, 1e-3), "bfloat16": (5e-2, 1e-2)}
 RTOL, ATOL = 1e-4, 1e-5  # every other type's
-INT_HIGH = 2  # random integers are 0 or 1: a valid token type, mask value or index
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def check(model, inputs: Mapping[str, np.ndarray] | None = None, *,
     (proto, graph), bound = bind_needed(load_model(model), [], given,
                                         lambda p: (p, from_onnx(p)))
     with dump_folder(f"{graph.name}-check"):  # the passes here, the kernels in a folder inside
-        graph = optimize(graph)
+        graph = optimize(graph, run=run_constants)
         executable = compile_graph(graph, optimize_graph=False, tune=tune)
     feeds = _inputs(graph, {k: v for k, v in given.items() if k not in bound},
                     dict(dims or {}), seed)
@@ -134,16 +134,6 @@ def _inputs(graph: Graph, given: dict, dims: dict[str, int], seed: int) -> dict:
             shape = [_size(d, dims) for d in tensor.shape]
             given[tensor.name] = random_input(rng, tensor.dtype.numpy, shape)
     return given
-
-
-def random_input(rng: np.random.Generator, dtype: np.dtype, shape) -> np.ndarray:
-    """A random value for an input: floats from a standard normal, integers from
-    [0, INT_HIGH) so that indices stay small, booleans either way."""
-    if dtype == np.bool_:
-        return rng.integers(0, 2, shape).astype(dtype)
-    if np.issubdtype(dtype, np.integer):
-        return rng.integers(0, INT_HIGH, shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
 
 
 def _size(dim: Dim, dims: dict[str, int]) -> int:

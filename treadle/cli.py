@@ -25,12 +25,13 @@ from typing import Sequence
 
 import numpy as np
 
-from treadle.checker import ATOL, RTOL, TOLERANCES, random_input
+from treadle.checker import ATOL, RTOL, TOLERANCES
 from treadle.errors import TreadleError
 from treadle.specialise import SpecialisingModel
+from treadle.runtime.inputs import random_input
 from treadle.target.cpu import host
 from treadle.target.memory import memory_hierarchy
-from treadle.tune.exhaustive import LEVELS
+from treadle.tune.choice import LEVELS
 
 EXIT_ERROR = 2
 EXIT_DIFFERS = 1  # `check` found an output that differs from the reference
@@ -127,8 +128,7 @@ def info_command(args) -> None:
     if not cuda.available():
         print("gpu: none (no CUDA driver or device; CUDA kernels build but do not run here)")
         return
-    from treadle.target.cuda import device_target
-    gpu = device_target()
+    gpu = cuda.device_target()
     print(f"gpu: {cuda.device_properties()['name']} ({gpu.arch}, {gpu.sms} SMs, "
           f"{gpu.l2_bytes >> 20} MB L2)")
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from treadle.backend import build as build_module
-from treadle.backend.build import build, build_many, compiler_flags
+from treadle.backend.build import compiler_flags
+from treadle.backend.cpu import build, build_many
 from treadle.config import override
 from treadle.errors import CompileError
 from treadle.target.cpu import host
@@ -30,9 +31,9 @@ def cache(tmp_path, monkeypatch):
     compiled = []
     real = build_module._compile
 
-    def counting(entry, source, name):
+    def counting(entry, toolchain, source, name):
         compiled.append(entry)
-        return real(entry, source, name)
+        return real(entry, toolchain, source, name)
 
     monkeypatch.setattr(build_module, "_compile", counting)
     with override(cache_dir=tmp_path):
@@ -48,7 +49,7 @@ def test_build_writes_an_entry_and_hits_it(cache, tmp_path):
     assert path.parent.parent == tmp_path / "kernels"
     assert (path.parent / "kernel.c").read_text() == _source(1)
     meta = json.loads((path.parent / "meta.json").read_text())
-    assert meta["flags"] == list(compiler_flags())
+    assert meta["flags"] == list(compiler_flags(host()))
     mtime = path.stat().st_mtime_ns
     assert build(_source(1), "again") == path
     assert path.stat().st_mtime_ns == mtime and len(cache) == 1
@@ -57,7 +58,7 @@ def test_build_writes_an_entry_and_hits_it(cache, tmp_path):
 
 
 def test_flags_are_the_documented_ones():
-    flags = compiler_flags()
+    flags = compiler_flags(host())
     assert {"-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp-simd"} <= set(flags)
     assert "-fopenmp" not in flags  # parallel loops run on treadle's pool, not libgomp
     assert "-ffast-math" not in flags
@@ -114,7 +115,7 @@ def test_truncated_entry_with_a_matching_hash_is_rebuilt_not_loaded(tmp_path):
     """dlopen of a truncated library kills the process (SIGBUS), so the damaged entry is
     used by a child: a regression fails this test instead of ending the test run."""
     script = ("import sys, ctypes\n"
-              "from treadle.backend.build import build\n"
+              "from treadle.backend.cpu import build\n"
               "path = build(sys.argv[1], 'five', ['answer'])\n"
               "print(ctypes.CDLL(str(path)).answer())\n")
     source = Path(build_module.__file__).parents[2]

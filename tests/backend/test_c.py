@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from tests.harness import assert_close, random_array
-from treadle.backend.build import build
+from treadle.backend.cpu import build
 from treadle.backend.c import CPrinter, c_name, generate, print_loop
 from treadle.backend.cpu import CpuPrinter
 from treadle.errors import IRError
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.lower import lower
+from treadle.target.cpu import host
 
 
 def scale(kind: str):
@@ -25,7 +26,7 @@ def scale(kind: str):
         for i in fb.range(rows, kind=kind, name="i"):
             for k in fb.range(4, kind="unroll", name="k"):
                 b[i, k] = a[i, k] * 2.0 + 1.0
-    return lower(fb.function)
+    return lower(fb.function, host())
 
 
 def run(source: str, function, a: np.ndarray) -> np.ndarray:

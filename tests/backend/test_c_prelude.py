@@ -8,12 +8,13 @@ import subprocess
 import numpy as np
 import pytest
 
-from treadle.backend.build import build, compiler_flags
-from treadle.backend.cpu import generate
+from treadle.backend.build import compiler_flags
+from treadle.backend.cpu import build, generate
 from treadle.config import config
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.expr import call
 from treadle.runtime.module import load
+from treadle.target.cpu import host
 
 SPECIALS = [0.0, -0.0, 1e-45, -1e-45, 1e-38, 1e-30, -1e-30, 1e-4, 0.5, 1.0, 3.9, 4.0, 7.9,
             8.0, 20.0, 88.72, 88.73, -87.3, -100.0, -103.9, -104.5, 1e30, -1e30,
@@ -72,7 +73,7 @@ def test_float32_math_matches_float64_reference(name):
 def test_loop_calling_float32_math_vectorises(name, divide, tmp_path):
     source = tmp_path / "kernel.c"
     source.write_text(generate([_apply(name, divide)]))
-    flags = [f for f in compiler_flags() if f != "-shared"]
+    flags = [f for f in compiler_flags(host()) if f != "-shared"]
     report = subprocess.run([config.cc, *flags, "-c", "-fopt-info-vec-optimized", "-o",
                              str(tmp_path / "kernel.o"), str(source)],
                             capture_output=True, text=True, check=True).stderr

@@ -5,6 +5,8 @@ from types import SimpleNamespace
 import pytest
 
 from treadle.backend import cuda
+from treadle.backend import build as build_module
+from treadle.backend.build import build_with
 from treadle.backend.cuda import (Resources, build_cuda, check_resources, generate_cuda,
                                   launch_shape, parse_resources)
 from treadle.config import override
@@ -107,12 +109,12 @@ def test_build_is_cached_and_a_corrupt_entry_is_rebuilt(tmp_path, monkeypatch):
     with override(cache_dir=tmp_path):
         first = build_cuda([func], target, "block_sum")
         calls = []
-        real_run = cuda.subprocess.run
-        monkeypatch.setattr(cuda.subprocess, "run",
+        real_run = build_module.subprocess.run
+        monkeypatch.setattr(build_module.subprocess, "run",
                             lambda cmd, **kw: calls.append(cmd) or real_run(cmd, **kw))
         assert build_cuda([func], target, "block_sum").cubin == first.cubin
         assert not any("-cubin" in c for c in calls)  # only `nvcc --version`
-        (cubin,) = tmp_path.glob("cuda/*/kernel.cubin")
+        (cubin,) = tmp_path.glob("kernels/*/kernel.cubin")
         cubin.write_bytes(b"truncated")
         assert build_cuda([func], target, "block_sum").cubin == first.cubin
         assert any("-cubin" in c for c in calls)
@@ -120,7 +122,7 @@ def test_build_is_cached_and_a_corrupt_entry_is_rebuilt(tmp_path, monkeypatch):
 
 def test_nvcc_failure_is_a_compile_error_with_its_log(tmp_path):
     with override(cache_dir=tmp_path), pytest.raises(CompileError, match="nvcc failed") as err:
-        cuda._cached_build("this is not CUDA;", "sm_80", "broken")
+        build_with(cuda.cuda_toolchain(cuda_target()), "this is not CUDA;", "broken")
     assert "error" in str(err.value)
 
 

@@ -7,7 +7,8 @@ from treadle.errors import ArgumentError, DTypeError, ShapeError
 from treadle.examples.matmul import cooperative_matmul, tiled_matmul
 from treadle.ir.lower import lower
 from treadle.runtime.interpret import interpret
-from treadle.runtime.module import compile_function
+from treadle.runtime.build import compile_function
+from treadle.target.cpu import host
 
 PROGRAMS = {"tiled": tiled_matmul, "cooperative": cooperative_matmul}
 RECTANGULAR = [(1, 257, 7), (97, 1, 61), (61, 97, 1), (128, 7, 257), (7, 128, 97)]
@@ -55,7 +56,7 @@ def test_interpreter_agrees_with_compiled_c(program, sizes):
     compiled, interpreted, lowered = (np.zeros((7, 13), np.float32) for _ in range(3))
     kernel(a, b, compiled)
     interpret(func, a, b, interpreted)       # the program as written, task mappings evaluated
-    interpret(lower(func), a, b, lowered)    # after the lowering pipeline
+    interpret(lower(func, host()), a, b, lowered)    # after the lowering pipeline
     np.testing.assert_allclose(interpreted, compiled, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(lowered, compiled, rtol=1e-6, atol=1e-6)
 

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 import treadle  # noqa: E402
 from treadle.config import override  # noqa: E402
 from treadle.errors import ModelError, UnsupportedOpError  # noqa: E402
-from treadle.frontend import dynamo  # noqa: E402
+from treadle.integrations import dynamo  # noqa: E402
 from treadle.models import MODELS, build, export_onnx  # noqa: E402
 
 TOLERANCE = 1e-4  # relative to the output's largest magnitude

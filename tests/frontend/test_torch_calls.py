@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 import treadle  # noqa: E402
 from tests.harness import assert_close  # noqa: E402
-from treadle.frontend import dynamo  # noqa: E402
+from treadle.integrations import dynamo  # noqa: E402
 
 CHANNELS_LAST = torch.channels_last
 

@@ -8,7 +8,7 @@ from tests.harness import assert_close, random_array
 from treadle import ops
 from treadle.compiler import compile_graph
 from treadle.graph import kernel_plan
-from treadle.graph.kernel_plan import KernelPlan, plan_kernels
+from treadle.graph.kernel_plan import KernelPlan, build_plans
 from treadle.graph.optimize import optimize
 from treadle.graph.partition import partition
 
@@ -30,9 +30,19 @@ def two_heads():
     return graph, reference
 
 
+class Recording:
+    """A builder that keeps the plans it is handed instead of building them."""
+    maker = None
+
+    def executable(self, graph, plans):
+        self.built = (graph, list(plans))
+        return "executable"
+
+
 def test_greedy_is_the_fusion_partition():
-    graph = optimize(two_heads()[0])
-    (planned, plans), groups = plan_kernels(graph, "greedy"), partition(graph)
+    graph, builder = optimize(two_heads()[0]), Recording()
+    assert build_plans(graph, "greedy", builder) == "executable"
+    (planned, plans), groups = builder.built, partition(graph)
     assert planned is graph
     assert [(p.anchor, p.prologues, p.epilogues, p.outputs) for p in plans] == [
         (g.anchor, tuple(g.prologues), tuple(g.epilogues), tuple(g.outputs)) for g in groups]
@@ -40,10 +50,10 @@ def test_greedy_is_the_fusion_partition():
 
 def test_unknown_strategy_names_the_known_ones():
     with pytest.raises(ValueError, match="'korch'.*greedy"):
-        plan_kernels(two_heads()[0], "korch")
+        build_plans(two_heads()[0], "korch", Recording())
 
 
-def recompute_relu(graph, tune=0):
+def recompute_relu(graph):
     """relu alone for its own output, and again as a prologue of each product; the first
     product also writes its bias add: four outputs from three kernels."""
     relu, mm1, add, mm2 = graph.nodes
@@ -55,7 +65,8 @@ def recompute_relu(graph, tune=0):
 @pytest.mark.parametrize("rows", [0, 1, 7, 61])
 def test_a_plan_may_recompute_an_operator_and_write_several_outputs(monkeypatch, rows):
     graph, reference = two_heads()
-    monkeypatch.setitem(kernel_plan.STRATEGIES, "recompute", recompute_relu)
+    monkeypatch.setitem(kernel_plan.STRATEGIES, "recompute",
+                        lambda graph, builder: builder.executable(*recompute_relu(graph)))
     _, plans = recompute_relu(graph)
     x = graph.inputs[0]
     assert plans[0].inputs == (x,) and plans[1].inputs[0] is x and len(plans[1].inputs) == 3

@@ -14,6 +14,7 @@ from treadle.ir.functor import walk
 from treadle.ir.lower import lower
 from treadle.ir.stmt import Assert
 from treadle.lang import f32
+from treadle.target.cpu import host
 
 M, N, K = lang.symbols("M N K")
 SIZES = (0, 1, 7, 13)
@@ -107,7 +108,7 @@ def test_the_knob_checks_kernels_that_do_not_say_and_unchecked_ones_are_unchange
         with pytest.raises(KernelError, match=r"load from x\[i\]: index 3 .* size N \(N = 3\)"):
             knob(np.ones(3, np.float32), np.zeros(3, np.float32))
         plain = lang.kernel(checked=False)(copy)
-        assert plain.compiled.function == lower(plain.function)
+        assert plain.compiled.function == lower(plain.function, host())
     default = lang.kernel(copy)
-    assert default.compiled.function == lower(default.function)
+    assert default.compiled.function == lower(default.function, host())
     assert not any(isinstance(s, Assert) for s in walk(default.compiled.function.body))

@@ -148,7 +148,7 @@ def test_torch_custom_op_has_a_schema_and_fake_shapes():
 
 def test_torch_custom_op_compiles_inside_the_treadle_backend(monkeypatch):
     torch = pytest.importorskip("torch")
-    from treadle.frontend import dynamo
+    from treadle.integrations import dynamo
     pieces = []
     original = dynamo._compile_piece
     monkeypatch.setattr(dynamo, "_compile_piece",

@@ -12,14 +12,16 @@ from onnx import helper
 import treadle
 from tests.frontend.onnx_models import make_model, tensor
 from tests.harness import assert_close, random_array, run_onnxruntime
-from treadle import compiler as compiler_module
 from treadle import ops
+from treadle import orchestrate as orchestrator
 from treadle.compiler import compile_graph
 from treadle.config import override
 from treadle.graph import kernel_plan
 from treadle.graph.optimize import optimize
-from treadle.orchestrate import orchestrate
+from treadle.orchestrate import orchestrate, orchestrated
 from treadle.orchestrate import cost as cost_module
+from treadle.target.cpu import host
+from treadle.tune.kernel import KernelMaker
 
 
 def attention_model(heads: int = 2, seq="seq", dim: int = 8):
@@ -90,8 +92,8 @@ def test_a_second_orchestration_builds_no_candidate_and_a_damaged_entry_is_chose
         h = ops.layer_norm(ops.relu(h), ops.constant(random_array(13, seed=1)))
     graph = optimize(ops.graph([x], [h], "two_layers"))
     with override(cache_dir=tmp_path):
-        first = orchestrate(graph).summary
-        again = orchestrate(graph).summary
+        first = orchestrate(graph, KernelMaker(host())).summary
+        again = orchestrate(graph, KernelMaker(host())).summary
         assert again.candidates == 0 and again.objective == pytest.approx(first.objective)
         path = tmp_path / "orchestrate" / "costs.json"
         data = json.loads(path.read_text())
@@ -100,7 +102,7 @@ def test_a_second_orchestration_builds_no_candidate_and_a_damaged_entry_is_chose
                 entry["kernels"] = [[1 << 40, [[99, 0]]]]
         path.write_text(json.dumps(data))
         with caplog.at_level(logging.WARNING):
-            done = orchestrate(graph)
+            done = orchestrate(graph, KernelMaker(host()))
     assert "does not fit its part" in caplog.text and done.summary.candidates > 0
 
 
@@ -116,6 +118,7 @@ def test_candidates_that_fail_are_skipped_with_a_warning(tmp_path, monkeypatch, 
     def crashing(functions, **kwargs):  # every other candidate crashes
         return [None if k % 2 else 1e-6 * (k + 1) for k in range(len(functions))]
     monkeypatch.setattr(fusion, "fused_kernel", failing)
+    monkeypatch.setattr(orchestrator, "fused_kernel", failing)
     monkeypatch.setattr(cost_module, "measure_functions", crashing)
     model = attention_model(dim=4)
     with override(cache_dir=tmp_path), caplog.at_level(logging.WARNING):
@@ -135,12 +138,7 @@ def writes_cost(plans):
 
 def given_costs(monkeypatch, costs):
     monkeypatch.setitem(kernel_plan.STRATEGIES, "orchestrate",
-                        lambda graph, tune: _graph_and_plans(orchestrate(graph, tune,
-                                                                         measure=costs)))
-
-
-def _graph_and_plans(done):
-    return done.graph, done.plans
+                        lambda graph, builder: orchestrated(graph, builder, costs))
 
 
 def shared_exponential():
@@ -155,7 +153,7 @@ def shared_exponential():
 @pytest.mark.parametrize("rows", [0, 1, 7, 61])
 def test_a_value_is_recomputed_in_two_kernels_when_cheaper(monkeypatch, rows):
     graph, (w1, w2) = shared_exponential()
-    plans = orchestrate(optimize(graph), measure=writes_cost).plans
+    plans = orchestrate(optimize(graph), KernelMaker(host()), measure=writes_cost).plans
     exp_plans = [p for p in plans if any(op.op_type == "Exp" for op in p.ops)]
     assert len(plans) == 2 and len(exp_plans) == 2  # exp inlined into both products
     given_costs(monkeypatch, writes_cost)
@@ -181,7 +179,7 @@ def test_the_model_keeps_whichever_kernels_run_faster_in_it(monkeypatch, orchest
     def medians(runs, repeat, idle):
         timed.append(sorted(runs))
         return {"chosen": 1.0, "own": 2.0 if orchestrated_faster else 0.5}
-    monkeypatch.setattr(compiler_module, "interleaved_medians", medians)
+    monkeypatch.setattr(orchestrator, "interleaved_medians", medians)
     model = compile_graph(graph, strategy="orchestrate")
     own = compile_graph(graph)
     assert timed == [["chosen", "own"]]
@@ -197,7 +195,7 @@ def test_one_kernel_writes_several_outputs(monkeypatch, rows):
     x = ops.input("x", "float32", ["n", 61])
     mean = ops.reduce_mean(x, [-1])
     graph = ops.graph([x], [mean, ops.sub(x, mean)], "mean_and_centred")
-    plans = orchestrate(optimize(graph), measure=writes_cost).plans
+    plans = orchestrate(optimize(graph), KernelMaker(host()), measure=writes_cost).plans
     assert len(plans) == 1 and len(plans[0].outputs) == 2
     given_costs(monkeypatch, writes_cost)
     model = compile_graph(graph, strategy="orchestrate")
@@ -213,14 +211,13 @@ def test_greedy_fusion_stays_when_nothing_beats_it():
 
     def fusing_costs_more(plans):
         return [1.0 if len(p.ops) == 1 else 100.0 for p in plans]
-    done = orchestrate(graph, measure=fusing_costs_more)
+    done = orchestrate(graph, KernelMaker(host()), measure=fusing_costs_more)
     assert done.graph is graph and not done.summary.orchestrated
     plans = done.plans
     assert [p.ops for p in plans] == [p.ops for p in kernel_plan.greedy(graph)]
 
 
 def test_a_long_graph_is_solved_in_parts(monkeypatch, tmp_path):
-    import treadle.orchestrate as orchestrator
     monkeypatch.setattr(orchestrator, "MAX_PART", 6)
     x = ops.input("x", "float32", ["n", 13])
     h = x
@@ -228,7 +225,7 @@ def test_a_long_graph_is_solved_in_parts(monkeypatch, tmp_path):
         h = ops.matmul(ops.softmax(h), ops.constant(random_array((13, 13), seed=k)))
     graph = optimize(ops.graph([x], [h], "layers"))
     with override(dump_dir=tmp_path):
-        summary = orchestrate(graph, measure=writes_cost).summary
+        summary = orchestrate(graph, KernelMaker(host()), measure=writes_cost).summary
     report = next(tmp_path.rglob("plan.txt")).read_text()
     assert report.count("part of") == summary.parts >= 3
     assert summary.primitives == 6 * 6 and summary.measured <= summary.candidates
@@ -249,7 +246,7 @@ def test_without_scipy_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "scipy.optimize", None)
     graph, _ = shared_exponential()
     with pytest.raises(ImportError, match=r"treadle\[orchestrate\]"):
-        orchestrate(optimize(graph), measure=writes_cost)
+        orchestrate(optimize(graph), KernelMaker(host()), measure=writes_cost)
 
 
 @pytest.mark.parametrize("cost, chosen", [(0.98, False), (0.9, True)])
@@ -261,6 +258,6 @@ def test_the_whole_model_keeps_greedy_fusion_for_a_gain_within_noise(cost, chose
 
     def costs(plans):
         return [1.0 if any(op.op_type == "Softmax" for op in p.ops) else cost for p in plans]
-    done = orchestrate(graph, measure=costs)
+    done = orchestrate(graph, KernelMaker(host()), measure=costs)
     assert done.summary.orchestrated == chosen
     assert (done.graph is graph) != chosen

@@ -11,7 +11,7 @@ from treadle.errors import ArgumentError, DTypeError, ShapeError
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.expr import cast
 from treadle.ir.stmt import Module
-from treadle.runtime.module import compile_module
+from treadle.runtime.build import compile_module
 
 
 def _affine():

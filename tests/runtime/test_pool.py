@@ -14,7 +14,7 @@ from treadle.ir.builder import FunctionBuilder
 from treadle.ir.expr import cast
 from treadle.ir.stmt import Module
 from treadle.runtime import pool
-from treadle.runtime.module import compile_module
+from treadle.runtime.build import compile_module
 
 
 def _bump():

@@ -1,5 +1,6 @@
 """The memory hierarchy: probed once per machine and cached, levels ordered and
-plausible, a damaged cache entry probed again, defaults where probing fails."""
+plausible, a damaged cache entry probed again, defaults where probing fails; a CPU
+target's ``memory()`` is the host's probe or, for another CPU, the defaults."""
 import json
 import logging
 
@@ -7,7 +8,7 @@ import pytest
 
 from treadle.config import override
 from treadle.target import memory
-from treadle.target.cpu import host
+from treadle.target.cpu import CpuTarget, host
 
 
 @pytest.fixture
@@ -56,3 +57,11 @@ def test_defaults_where_probing_fails(fresh, monkeypatch, caplog):
     assert hierarchy.source == "defaults" and "no compiler" in caplog.text
     assert [level.name for level in hierarchy.levels][1:] == ["L1", "L2", "L3", "DRAM"]
     assert not (fresh / "target").exists()  # nothing cached: the next process probes
+
+
+def test_a_cpu_target_gives_its_hierarchy(fresh, monkeypatch):
+    monkeypatch.setattr(memory, "probe", lambda target: memory.defaults(target))
+    assert host().memory() == memory.memory_hierarchy()
+    other = CpuTarget(("avx2", "fma"), 32 * 1024, 1 << 20, 16 << 20)
+    assert other.memory() == memory.defaults(other)
+    assert other.memory().level("L3").capacity == 16 << 20

@@ -1,6 +1,8 @@
 """Construction without measuring: the constructed config of the GEMM template computes
 the right product on odd, prime and symbolic sizes; the same seed gives the same result;
-it never ranks below the level-0 point; ``tune="construct"`` compiles a model."""
+it never ranks below the level-0 point; templates take part through Constructible;
+``tune="construct"`` compiles a model, for CUDA too without a GPU. (The CUDA matmul's
+construction is tested beside its template.)"""
 from dataclasses import replace
 
 import numpy as np
@@ -14,12 +16,13 @@ from treadle.config import override
 from treadle.ir.compute import reduce
 from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Var
-from treadle.schedule.operator import select_template
-from treadle.schedule.template import default_point
+from treadle.schedule.select import RulesTemplate, select_template
+from treadle.schedule.template import Constructible, default_point
 from treadle.schedule.templates.gemm import GEMM, match_gemm
+from treadle.schedule.templates.gemm.construction import gemm_problem, gemm_seconds
+from treadle.schedule.templates.matmul_cuda import MATMUL_CUDA
 from treadle.target.cpu import host
-from treadle.tune import construct as construction
-from treadle.tune.construct import construct, gemm_problem, gemm_seconds
+from treadle.tune.construct import construct
 from treadle.tune.etir import footprint, traffic
 
 
@@ -33,7 +36,8 @@ SHAPES = [(61, 37, 97), (1, 257, 131), (2039, 5, 17), (128, 768, 768)]
 
 
 @pytest.mark.parametrize("method", ["gensor", "greedy"])
-@pytest.mark.parametrize("shape", SHAPES + [("M", "N", "K")], ids=str)
+@pytest.mark.parametrize("shape", SHAPES + [(0, 64, 64), (37, 64, 0), ("M", "N", "K")],
+                         ids=str)
 def test_constructed_configs_compute_the_product(method, shape):
     sizes = tuple(Var(s) if isinstance(s, str) else s for s in shape)
     pattern = matmul(*sizes)
@@ -74,11 +78,16 @@ def test_the_gemm_problem_reads_its_roles_from_the_compute():
     assert traffic(problem, problem.extents) == footprint(problem, problem.extents)
 
 
+def test_the_matmul_templates_are_constructible_and_the_rules_are_not():
+    assert isinstance(GEMM, Constructible) and isinstance(MATMUL_CUDA, Constructible)
+    assert not isinstance(RulesTemplate(), Constructible)
+
+
 def test_templates_without_a_construction_keep_their_default():
     x = ops.input("x", "float32", [1, 8, 9, 9])
     op = ops.max_pool2d(x, 3, 2, 1).producer
     template, pattern = select_template(op, host())
-    assert template.name not in construction.CONSTRUCTIONS
+    assert not isinstance(template, Constructible)
     assert construct(template, pattern, host()) == [default_point(template, pattern, host())]
 
 
@@ -96,3 +105,15 @@ def test_compile_with_construction(tmp_path):
     assert sources == {"source: constructed"}
     with pytest.raises(ValueError, match="tune='constructed'"):
         treadle.compile(graph, tune="constructed")
+
+
+def test_compile_for_cuda_with_construction_needs_no_gpu(tmp_path):
+    """The CUDA matmul's configs are constructed from the sm_90 target's limits and memory
+    hierarchy; building needs nvcc, not a GPU."""
+    x = ops.input("x", "float32", [61, 96])
+    y = ops.relu(ops.matmul(x, ops.constant(random_array((96, 2039), seed=1))))
+    with override(dump_dir=tmp_path):
+        treadle.compile(ops.graph([x], [y], name="wide"), target="cuda:sm_90", tune="construct")
+    texts = [p.read_text() for p in tmp_path.rglob("schedule.txt")]
+    assert [t.splitlines()[-1] for t in texts if "template: matmul_cuda" in t] \
+        == ["source: constructed"]

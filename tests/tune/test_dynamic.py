@@ -14,16 +14,17 @@ import pytest
 
 import treadle
 from tests.harness import assert_close, random_array
-from treadle import compiler, ops
+from treadle import ops
 from treadle.config import override
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.dtypes import index_type
 from treadle.ir.expr import Var
-from treadle.runtime.module import compile_function
+from treadle.runtime.build import compile_function
 from treadle.schedule.dispatch import dispatching_kernel
-from treadle.schedule.rules import Kernel
+from treadle.schedule.kernel import Kernel
 from treadle.schedule.templates.gemm.cost import Work
 from treadle.tune import dynamic
+from treadle.tune import kernel as kernel_layer
 from treadle.tune.dynamic import (CostModel, Sample, SizeRange, Tree, fit_cost_model, fit_tree,
                                   select_variants, size_ranges)
 from treadle.tune.records import records_dir
@@ -293,17 +294,19 @@ def test_a_dynamic_model_matches_numpy_in_and_out_of_its_range(dynamic_model, se
 
 def test_every_variant_matches_numpy(cache, dynamic_model, monkeypatch):
     """Each variant in turn is made the dispatcher's only choice."""
-    real = compiler.choose_dynamic
+    real = kernel_layer.choose_dynamic_many
     counts = []
 
-    def forced(*args, **kwargs):
-        choice = real(*args, **kwargs)
+    def only_one(choice):
         counts.append(len(choice.configs))
         only = min(variant, len(choice.configs) - 1)  # kernels may have fewer variants
         leaf = Tree(choice.tree.symbols, ((-1, only, -1, -1),))
         return dynamic.DynamicChoice(choice.template, choice.configs, choice.resolved, leaf,
                                      choice.source)
-    monkeypatch.setattr(compiler, "choose_dynamic", forced)
+
+    def forced(*args, **kwargs):
+        return [only_one(choice) for choice in real(*args, **kwargs)]
+    monkeypatch.setattr(kernel_layer, "choose_dynamic_many", forced)
     variant, seen = 0, 1
     while variant < seen:
         counts.clear()

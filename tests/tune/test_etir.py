@@ -4,10 +4,10 @@ import math
 
 from hypothesis import given, settings, strategies as st
 
+from treadle.schedule.tiling import State, TensorAccess, TilingProblem
 from treadle.target.memory import Level, MemoryHierarchy
-from treadle.tune.etir import (State, TensorAccess, TilingProblem, actions, benefit, cache,
-                               caching_benefit, chain, chain_benefit, footprint, initial_state,
-                               resize, tiling_benefit, traffic)
+from treadle.tune.etir import (actions, benefit, cache, caching_benefit, chain, chain_benefit,
+                               footprint, initial_state, resize, tiling_benefit, traffic)
 
 # A 2-D problem, C[i] += A[i, j] * x[j]: two levels, tiles in powers of two, a level's
 # capacity in elements.

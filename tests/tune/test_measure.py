@@ -13,6 +13,7 @@ from treadle.ir.compute import reduce
 from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Var
 from treadle.schedule.templates.gemm import GemmConfig, match_gemm, schedule_gemm
+from treadle.target.cpu import host
 from treadle.tune.measure import measure_functions
 
 
@@ -38,7 +39,7 @@ def broken(kind):
 
 def test_times_good_candidates():
     times = measure_functions([gemm(GemmConfig(12, 16, 32, 6, 16)), gemm(GemmConfig())],
-                              symbol_size=20, repeats=3)
+                              target=host(), symbol_size=20, repeats=3)
     assert all(isinstance(t, float) and 0 < t < 1 for t in times)
 
 
@@ -47,7 +48,7 @@ def test_crashing_and_hanging_candidates_are_skipped(caplog):
     settled = []
     with caplog.at_level(logging.WARNING):
         times = measure_functions([broken("crash"), good, broken("hang"), good],
-                                  repeats=3, timeout=3, progress=settled.append,
+                                  target=host(), repeats=3, timeout=3, progress=settled.append,
                                   labels=["(crash)", "(good)", "(hang)", "(good)"])
     assert times[0] is None and times[2] is None
     assert isinstance(times[1], float) and isinstance(times[3], float)
@@ -65,7 +66,7 @@ def test_the_measuring_child_leaves_no_open_pipe(monkeypatch, kind):
     function = gemm(GemmConfig()) if kind in ("good", "no-child") else broken(kind)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
-        times = measure_functions([function], repeats=3,
+        times = measure_functions([function], target=host(), repeats=3,
                                   **({"timeout": 3} if kind == "hang" else {}))
         gc.collect()
     assert (times[0] is not None) == (kind == "good")
@@ -76,7 +77,7 @@ def test_the_measuring_child_leaves_no_open_pipe(monkeypatch, kind):
 def test_a_child_that_cannot_start_fails_every_candidate(monkeypatch, caplog):
     monkeypatch.setattr(sys, "executable", "/bin/false")
     with caplog.at_level(logging.WARNING):
-        assert measure_functions([gemm(GemmConfig())], repeats=3) == [None]
+        assert measure_functions([gemm(GemmConfig())], target=host(), repeats=3) == [None]
     assert "failed to start" in caplog.text
 
 
@@ -108,3 +109,17 @@ def test_calls_cycle_through_copies_spanning_the_cold_size():
     assert first.calls[0] == tuple(args[1])
     assert len(set(first.calls) | set(second.calls)) == measure.MAX_COPIES
     assert len(measure._cold_arguments(function, {Var("M"): 64}, [], 100)) == 1
+
+
+def test_measuring_for_cuda_without_a_device_says_what_to_do_instead():
+    """Without a CUDA device, the CUDA timer refuses before building anything, naming the
+    architecture and the tuning levels that measure nothing."""
+    from treadle.errors import DeviceUnavailableError
+    from treadle.runtime import cuda
+    from treadle.target.cuda import cuda_target
+    if cuda.available():
+        pytest.skip("this machine has a CUDA device to measure on")
+    with pytest.raises(DeviceUnavailableError, match="sm_80") as caught:
+        measure_functions([gemm(GemmConfig())], target=cuda_target("sm_80"))
+    message = str(caught.value)
+    assert "tune=0" in message and "construct" in message

@@ -1,13 +1,17 @@
-"""Compiling generated C into shared objects, through a content-addressed on-disk cache.
+"""Compiling generated source into binaries, through one content-addressed on-disk cache.
 
-An entry is the folder ``<cache_dir>/kernels/<key>/`` holding ``kernel.c``, ``kernel.so``
-and ``meta.json`` (with the .so's sha256). The key hashes everything that decides the
-binary: the source, the flags, the compiler's version line and the target's features.
-Files are written under temporary names in the entry folder and renamed into place, the
-json last. A hit is used only when the .so matches the hash in the json and, read as ELF
-(``backend.elf``), is complete and defines the symbols the caller will look up; the check
-never opens it, since opening a truncated .so kills the process. Anything else (a corrupt,
-truncated or half-written entry, a file where the folder should be) is rebuilt.
+C for the CPU becomes a shared object (gcc), CUDA C a cubin (nvcc); a ``Toolchain`` holds
+all that differs between them: the compiler command and the binary's name and check.
+An entry is the folder ``<cache_dir>/kernels/<key>/`` holding the source, the binary and
+``meta.json`` (the binary's sha256 and the compiler's messages, where ptxas reports a
+CUDA kernel's registers). The key hashes everything that decides the binary: the source,
+the command (flags, target features) and the compiler's version line. Files are written
+under temporary names in the entry folder and renamed into place, the json last. A hit is
+used only when the binary matches the hash in the json and passes the toolchain's check
+(a shared object, read as ELF by ``backend.elf``, is complete and defines the symbols the
+caller will look up; the check never opens it, since opening a truncated .so kills the
+process). Anything else (a corrupt, truncated or half-written entry, a file where the
+folder should be) is rebuilt.
 """
 from __future__ import annotations
 
@@ -18,14 +22,14 @@ import os
 import subprocess
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence, TypeVar
+from typing import Callable, Iterable, Sequence, TypeVar
 
+from treadle.atomic import write_bytes
 from treadle.backend.elf import check_shared_object
 from treadle.config import config, usable_cores
 from treadle.errors import CompileError
-from treadle.target.cpu import host
 
 # Every flag generated code is compiled with; the ISA flags (-mavx2 -mfma) come from the
 # target. No -ffast-math: kernels keep IEEE semantics (NaN, inf, signed zeros); standard
@@ -43,46 +47,60 @@ _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
 
 
-def compiler_flags() -> tuple[str, ...]:
-    return BASE_FLAGS + host().compiler_flags
+@dataclass(frozen=True)
+class Toolchain:
+    """How one kind of source becomes a binary: the compiler command (its program and
+    flags, before ``-o <binary> <source>``), the version line that identifies the
+    compiler, the names of the source and binary files, and the check a cached binary
+    must pass (raising OSError or ValueError) for the symbols a caller will look up."""
+    command: tuple[str, ...]
+    version: str
+    source_name: str
+    binary_name: str
+    check: Callable[[Path, Iterable[str]], None]
+
+
+@dataclass(frozen=True)
+class Built:
+    path: Path  # the binary
+    log: str  # what the compiler printed while building it
+
+
+def compiler_flags(target) -> tuple[str, ...]:
+    """Every flag C for ``target`` (a ``CpuTarget``) is compiled with."""
+    return BASE_FLAGS + target.compiler_flags
+
+
+def c_toolchain(target) -> Toolchain:
+    """gcc (TREADLE_CC) for ``target`` (a ``CpuTarget``): shared objects checked as ELF."""
+    version = compiler_version(config.cc, "the C compiler", "install gcc or set TREADLE_CC")
+    return Toolchain((config.cc, *compiler_flags(target)), version, "kernel.c", "kernel.so",
+                     check_shared_object)
 
 
 @functools.lru_cache(maxsize=None)
-def compiler_version(cc: str) -> str:
-    """The first line of ``cc --version``, which names the compiler and its version."""
+def compiler_version(program: str, label: str, advice: str) -> str:
+    """The first line of ``program --version``, which names the compiler and its version
+    (nvcc's last line names its release); where it cannot run, the error names the
+    compiler by ``label`` and says what to do (``advice``)."""
     try:
-        result = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True)
+        result = subprocess.run([program, "--version"], capture_output=True, text=True,
+                                check=True)
     except (OSError, subprocess.CalledProcessError) as err:
-        raise CompileError(f"cannot run the C compiler {cc!r} ({err}); install gcc or set "
-                           "TREADLE_CC") from None
-    return result.stdout.splitlines()[0] if result.stdout else cc
+        raise CompileError(f"cannot run {label} ({program!r}: {err}); {advice}") from None
+    lines = result.stdout.strip().splitlines()
+    return (lines[-1] if "nvcc" in program else lines[0]) if lines else program
 
 
-def cache_key(source: str) -> str:
-    identity = [source, list(compiler_flags()), compiler_version(config.cc),
-                list(host().features)]
-    return hashlib.sha256(json.dumps(identity).encode()).hexdigest()
-
-
-def build(source: str, name: str, symbols: Iterable[str] = ()) -> Path:
-    """The path of a shared object compiled from ``source``, from the cache when a valid
+def build_with(toolchain: Toolchain, source: str, name: str, symbols: Iterable[str] = ()
+               ) -> Built:
+    """The binary ``toolchain`` compiles from ``source``, from the cache when a valid
     entry that defines ``symbols`` exists; ``name`` only labels messages."""
-    key = cache_key(source)
+    identity = [source, list(toolchain.command), toolchain.version]
+    key = hashlib.sha256(json.dumps(identity).encode()).hexdigest()
     entry = Path(config.cache_dir) / "kernels" / key
     with lock_for(key):
-        if _valid(entry, symbols):
-            return entry / "kernel.so"
-        return _compile(entry, source, name)
-
-
-def build_many(items: Iterable[tuple]) -> list[Path]:
-    """``build(*item)`` for each ``(source, name)`` or ``(source, name, symbols)``, running
-    compilers in parallel. Each item starts compiling as soon as ``items`` yields it, so a
-    generator that lowers and prints the next group overlaps with the compilers running
-    (Inception-V3 spends 9 s lowering and 11 s compiling)."""
-    with ThreadPoolExecutor(max_workers=usable_cores()) as pool:
-        futures = [pool.submit(build, *item) for item in items]
-        return [future.result() for future in futures]
+        return _cached(entry, toolchain, symbols) or _compile(entry, toolchain, source, name)
 
 
 def object_groups(items: Sequence[T], most: int) -> list[Sequence[T]]:
@@ -104,46 +122,41 @@ def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _valid(entry: Path, symbols: Iterable[str]) -> bool:
+def _cached(entry: Path, toolchain: Toolchain, symbols: Iterable[str]) -> Built | None:
+    binary = entry / toolchain.binary_name
     try:
         meta = json.loads((entry / "meta.json").read_text())
-        if meta["sha256"] != sha256_of(entry / "kernel.so"):
-            return False
-        check_shared_object(entry / "kernel.so", symbols)
+        if meta["sha256"] != sha256_of(binary):
+            return None
+        toolchain.check(binary, symbols)
+        return Built(binary, str(meta["log"]))
     except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return True
+        return None
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-def _compile(entry: Path, source: str, name: str) -> Path:
+def _compile(entry: Path, toolchain: Toolchain, source: str, name: str) -> Built:
     if entry.is_file() or entry.is_symlink():  # a stray file where the entry's folder
         entry.unlink()                             # belongs; the cache owns every name here
-    entry.mkdir(parents=True, exist_ok=True)
-    src, so = entry / "kernel.c", entry / "kernel.so"
-    write_atomic(src, source.encode())
-    fd, tmp = tempfile.mkstemp(dir=entry, prefix="kernel.so.", suffix=".tmp")
+    src = write_bytes(entry / toolchain.source_name, source.encode())
+    binary = entry / toolchain.binary_name
+    fd, tmp = tempfile.mkstemp(dir=entry, prefix=toolchain.binary_name + ".", suffix=".tmp")
     os.close(fd)
-    command = [config.cc, *compiler_flags(), "-o", tmp, str(src)]
+    command = [*toolchain.command, "-o", tmp, str(src)]
+    program = toolchain.command[0]
     try:
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
-            raise CompileError(f"{config.cc} failed to compile {name!r} (source: {src}):\n"
-                               f"$ {' '.join(command)}\n{result.stderr}")
+            raise CompileError(f"{program} failed to compile {name!r} (source: {src}):\n"
+                               f"$ {' '.join(command)}\n{result.stderr}{result.stdout}")
         digest = sha256_of(Path(tmp))
-        os.replace(tmp, so)
+        os.replace(tmp, binary)
     except OSError as err:
-        raise CompileError(f"cannot compile {name!r} with {config.cc!r}: {err}") from None
+        raise CompileError(f"cannot compile {name!r} with {program!r}: {err}") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    meta = {"name": name, "sha256": digest, "compiler": compiler_version(config.cc),
-            "flags": list(compiler_flags())}
-    write_atomic(entry / "meta.json", json.dumps(meta, indent=1).encode())
-    return so
+    log = result.stderr + result.stdout
+    meta = {"name": name, "sha256": digest, "compiler": toolchain.version,
+            "flags": list(toolchain.command[1:]), "log": log}
+    write_bytes(entry / "meta.json", json.dumps(meta, indent=1).encode())
+    return Built(binary, log)

@@ -11,11 +11,15 @@ of their width, and a prefetch is ``__builtin_prefetch``.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterable, Sequence
 
+from treadle.backend.build import build_with, c_toolchain
 from treadle.backend.c import (CALL_PRINTERS, LOOP_PRINTERS, PRIMARY, STMT_PRINTERS, CPrinter,
                                c_name, print_let, print_loop, print_store, scalar_float_call)
 from treadle.backend.c import generate as generate_c
+from treadle.config import usable_cores
 from treadle.errors import IRError
 from treadle.ir import dtypes
 from treadle.ir.expr import Binary, Buffer, Call, Expr, Load, Select, Var
@@ -270,3 +274,19 @@ class CpuPrinter(CPrinter):
 def generate(functions: Sequence[Function]) -> str:
     """One C source file for the CPU defining every function of ``functions`` (lowered)."""
     return generate_c(functions, CpuPrinter)
+
+
+def build(source: str, name: str, symbols: Iterable[str] = ()) -> Path:
+    """The path of a shared object compiled from C ``source`` for the host CPU, through
+    the kernel cache (``backend.build``); ``name`` only labels messages."""
+    return build_with(c_toolchain(host()), source, name, symbols).path
+
+
+def build_many(items: Iterable[tuple]) -> list[Path]:
+    """``build(*item)`` for each ``(source, name)`` or ``(source, name, symbols)``, running
+    compilers in parallel. Each item starts compiling as soon as ``items`` yields it, so a
+    generator that lowers and prints the next group overlaps with the compilers running
+    (Inception-V3 spends 9 s lowering and 11 s compiling)."""
+    with ThreadPoolExecutor(max_workers=usable_cores()) as pool:
+        futures = [pool.submit(build, *item) for item in items]
+        return [future.result() for future in futures]

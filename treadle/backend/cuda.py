@@ -18,19 +18,13 @@ generated for CUDA yet.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
 import math
-import os
 import re
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from treadle.backend.build import lock_for, sha256_of, write_atomic
+from treadle.backend.build import Toolchain, build_with, compiler_version
 from treadle.backend.c import (CALL_PRINTERS, LOOP_PRINTERS, PRIMARY, STMT_PRINTERS,
                                CPrinter, c_name, fault_symbol, generate, print_loop)
 from treadle.backend.c_prelude import Prelude
@@ -217,7 +211,9 @@ def build_cuda(functions: Sequence[Function], target: CudaTarget, name: str) -> 
     every kernel is checked against the target's register and shared-memory limits."""
     source = generate_cuda(functions)
     dump_text((name, "kernel.cu"), source)
-    binary = _cached_build(source, target.arch, name)
+    built = build_with(cuda_toolchain(target), source, name)
+    binary = CudaBinary(source, built.path.read_bytes(), parse_resources(built.log),
+                        target.arch)
     dump_text((name, "resources.txt"), "\n".join(
         f"{symbol}: {r}" for symbol, r in binary.resources.items()))
     for func in functions:
@@ -239,69 +235,17 @@ def check_resources(func: Function, used: Resources, target: CudaTarget) -> None
         raise CompileError(f"CUDA kernel {func.name!r} for {target.arch}: {'; '.join(problems)}")
 
 
-def nvcc_version() -> str:
-    return _version(config.nvcc)
+def cuda_toolchain(target: CudaTarget) -> Toolchain:
+    """nvcc (TREADLE_NVCC) for ``target``'s architecture: cubins, with ptxas's report of
+    each kernel's resources in the build log."""
+    version = compiler_version(config.nvcc, "nvcc", "install the CUDA toolkit or set TREADLE_NVCC")
+    return Toolchain((config.nvcc, *NVCC_FLAGS, *target.compiler_flags), version,
+                     "kernel.cu", "kernel.cubin", _nonempty)
 
 
-@functools.lru_cache(maxsize=None)
-def _version(nvcc: str) -> str:
-    try:
-        result = subprocess.run([nvcc, "--version"], capture_output=True, text=True,
-                                check=True)
-    except (OSError, subprocess.CalledProcessError) as err:
-        raise CompileError(f"cannot run nvcc ({nvcc!r}: {err}); install the CUDA "
-                           "toolkit or set TREADLE_NVCC") from None
-    return result.stdout.strip().splitlines()[-1]
-
-
-def _cached_build(source: str, arch: str, name: str) -> CudaBinary:
-    identity = [source, list(NVCC_FLAGS), arch, nvcc_version()]
-    key = hashlib.sha256(json.dumps(identity).encode()).hexdigest()
-    entry = Path(config.cache_dir) / "cuda" / key
-    with lock_for(key):
-        cached = _read_entry(entry, source, arch)
-        return cached if cached is not None else _compile(entry, source, arch, name)
-
-
-def _read_entry(entry: Path, source: str, arch: str) -> CudaBinary | None:
-    try:
-        meta = json.loads((entry / "meta.json").read_text())
-        cubin = (entry / "kernel.cubin").read_bytes()
-        if meta["sha256"] != hashlib.sha256(cubin).hexdigest():
-            return None
-        resources = {k: Resources(**v) for k, v in meta["resources"].items()}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return CudaBinary(source, cubin, resources, arch)
-
-
-def _compile(entry: Path, source: str, arch: str, name: str) -> CudaBinary:
-    if entry.is_file() or entry.is_symlink():
-        entry.unlink()
-    entry.mkdir(parents=True, exist_ok=True)
-    src = entry / "kernel.cu"
-    write_atomic(src, source.encode())
-    fd, tmp = tempfile.mkstemp(dir=entry, prefix="kernel.cubin.", suffix=".tmp")
-    os.close(fd)
-    command = [config.nvcc, *NVCC_FLAGS, f"-arch={arch}", "-o", tmp, str(src)]
-    try:
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise CompileError(f"nvcc failed to compile {name!r} (source: {src}):\n"
-                               f"$ {' '.join(command)}\n{result.stderr}{result.stdout}")
-        cubin = Path(tmp).read_bytes()
-        os.replace(tmp, entry / "kernel.cubin")
-    except OSError as err:
-        raise CompileError(f"cannot compile {name!r} with nvcc ({config.nvcc!r}): {err}") \
-            from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    resources = parse_resources(result.stderr + result.stdout)
-    meta = {"name": name, "sha256": sha256_of(entry / "kernel.cubin"), "arch": arch,
-            "resources": {k: vars(v) for k, v in resources.items()}}
-    write_atomic(entry / "meta.json", json.dumps(meta, indent=1).encode())
-    return CudaBinary(source, cubin, resources, arch)
+def _nonempty(path: Path, symbols) -> None:
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path} is empty")
 
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")

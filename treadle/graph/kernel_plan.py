@@ -8,16 +8,18 @@ may share operators: an operator in two plans is computed by both (recomputing a
 value can beat writing it out and reading it back), and only the plans that list its
 tensor among their outputs write it. A plan whose anchor is a view builds no kernel.
 
-A strategy turns a graph into plans in an order that runs producers first, over the graph
-it returns (a strategy may rewrite it first, as orchestration splits operators into
-primitives); ``"greedy"`` is the fusion partition of ``graph.partition`` (one anchor per
-kernel, neighbours attached where legal), ``"orchestrate"`` Korch's optimal choice
-among candidate kernels (``treadle.orchestrate``).
+A strategy turns a graph into plans in an order that runs producers first, over a graph
+of its choice (orchestration splits operators into primitives first), and has them built
+by the ``Builder`` the compiler driver gives it; it may build more than one plan and keep
+the faster. ``"greedy"`` is the fusion partition of ``graph.partition`` (one anchor per
+kernel, neighbours attached where legal); the driver registers ``"orchestrate"``, Korch's
+optimal choice among candidate kernels (``treadle.orchestrate``), which sits above this
+layer.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Protocol, Sequence
 
 from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator
@@ -70,23 +72,24 @@ def greedy(graph: Graph) -> list[KernelPlan]:
     return [_from_group(g) for g in partition(graph)]
 
 
-def _orchestrated(graph: Graph, tune: int | str) -> tuple[Graph, list[KernelPlan]]:
-    from treadle.orchestrate import orchestrate  # it builds on this module
-    done = orchestrate(graph, tune)
-    return done.graph, done.plans
+class Builder(Protocol):
+    """What a strategy is given by the driver: the compile's kernel maker (its target and
+    tuning level; ``tune.kernel.KernelMaker``) and how plans over a graph become an
+    executable."""
+    maker: Any
+
+    def executable(self, graph: Graph, plans: Sequence[KernelPlan]) -> Any: ...
 
 
-# A strategy takes the graph and the tuning level its kernels will be built at.
-Strategy = Callable[[Graph, int | str], tuple[Graph, list[KernelPlan]]]
-STRATEGIES: dict[str, Strategy] = {"greedy": lambda graph, tune: (graph, greedy(graph)),
-                                   "orchestrate": _orchestrated}
+# A strategy: the graph and the builder of the compile -> the executable.
+Strategy = Callable[[Graph, Builder], Any]
+STRATEGIES: dict[str, Strategy] = {
+    "greedy": lambda graph, builder: builder.executable(graph, greedy(graph))}
 
 
-def plan_kernels(graph: Graph, strategy: str = "greedy", tune: int | str = 0
-                 ) -> tuple[Graph, list[KernelPlan]]:
-    """The graph the kernels are planned over and its kernels by ``strategy`` (see
-    STRATEGIES), producers first."""
+def build_plans(graph: Graph, strategy: str, builder: Builder) -> Any:
+    """The executable of ``graph`` whose kernels ``strategy`` plans (see STRATEGIES)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"kernel plan strategy {strategy!r}: expected one of "
                          f"{', '.join(sorted(STRATEGIES))}")
-    return STRATEGIES[strategy](graph, tune)
+    return STRATEGIES[strategy](graph, builder)

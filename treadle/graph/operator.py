@@ -106,7 +106,7 @@ class OpContext:
 
     def data(self, i: int) -> Optional[np.ndarray]:
         """The contents of input i, if it is a constant or computed from constants alone."""
-        from treadle.graph.passes.fold_constants import small_contents
+        from treadle.graph.known import small_contents
         return small_contents(self.tensors[i]) if self.has_input(i) else None
 
     def known(self, i: int, what: str = "this input") -> list[Dim]:

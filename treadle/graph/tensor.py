@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
 from treadle.ir.dtypes import DataType, dtype_of, index_type
-from treadle.ir.expr import Const, Expr, Var, as_expr
+from treadle.ir.expr import Const, Dim, Expr, Var, as_expr
 from treadle.ir.simplify import simplify_expr
 
 if TYPE_CHECKING:
     from treadle.graph.operator import Operator
-
-Dim = Union[int, Expr]
 
 
 def normalize_dim(dim) -> Dim:

@@ -230,6 +230,10 @@ def _index_tuple(indices) -> tuple[Expr, ...]:
     return tuple(as_expr(i) for i in items)
 
 
+# A dimension of a shape: a size, or an expression of symbols (``seq * 12``).
+Dim = Union[int, Expr]
+
+
 def as_expr(value, dtype: DataType | None = None) -> Expr:
     """Wraps a Python number as a constant, typed like the other operand when given."""
     if isinstance(value, Expr):

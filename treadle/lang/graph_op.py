@@ -24,7 +24,8 @@ from treadle.ir.expr import Buffer, Const, Expr, Load, Var, as_expr, eq
 from treadle.ir.functor import bound_vars, free_vars, rewrite, substitute
 from treadle.ir.passes.lower_mapping import lower_mapping
 from treadle.ir.stmt import Accumulate, Assert, DeclBuffer, Function, Seq, Stmt, Store
-from treadle.schedule.rules import Kernel, canonical_kernel
+from treadle.schedule.kernel import Kernel
+from treadle.schedule.rules import canonical_kernel
 
 if TYPE_CHECKING:
     from treadle.lang.registry import OpSpec

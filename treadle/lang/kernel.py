@@ -23,7 +23,8 @@ from treadle.errors import ArgumentError, DTypeError, KernelError
 from treadle.ir.expr import Var
 from treadle.lang.parse import InlineFunction, parse_kernel
 from treadle.lang.types import Param
-from treadle.runtime.module import CompiledFunction, compile_function
+from treadle.runtime.build import compile_function
+from treadle.runtime.module import CompiledFunction
 
 if TYPE_CHECKING:
     from treadle.lang.registry import OpSpec

@@ -33,25 +33,20 @@ from typing import Sequence
 from treadle.errors import TreadleError
 from treadle.graph.graph import Graph
 from treadle.graph.kernel_plan import KernelPlan
-from treadle.graph.operator import Operator, register
+from treadle.graph.operator import Operator
+from treadle.graph.ops.orchestrated import AttentionParts
 from treadle.graph.partition import (CHECKING, MATERIALISED, is_injective, is_view,
                                      padding_of, reads_one_to_one)
 from treadle.graph.tensor import Tensor
 from treadle.ir.compute import Compute, reachable, retarget
 from treadle.ir.expr import Buffer, Const
 from treadle.orchestrate.states import bits
-from treadle.schedule.operator import select_template
-from treadle.schedule.templates.attention_cpu import AttentionParts
-from treadle.target.cpu import CpuTarget
+from treadle.schedule.select import select_template, takes_as_its_own
+from treadle.target import Target
 
 # Data movement without arithmetic, for the dumps (a view is layout too).
 LAYOUT = frozenset({"Transpose", "Concat", "Split", "Slice", "Pad", "Expand", "Tile",
                     "Gather", "DepthToSpace", "SpaceToDepth"})
-
-
-@register("Composite", internal=True)
-def _composite(ctx):
-    raise ctx.unsupported("a composite kernel is made by the orchestrator, not applied")
 
 
 @dataclass
@@ -65,9 +60,10 @@ class PrimitiveGraph:
     readers: dict[int, list[int]]  # by tensor id
     index: dict[int, int]  # each primitive's position, by operator id
     graph_outputs: frozenset[int]  # by tensor id
+    target: Target  # what its kernels are built for
 
     @staticmethod
-    def of(graph: Graph, target: CpuTarget) -> "PrimitiveGraph":
+    def of(graph: Graph, target: Target) -> "PrimitiveGraph":
         ops = list(graph.nodes)
         index = {id(op): k for k, op in enumerate(ops)}
         producers = [sum({1 << index[id(t.producer)] for t in op.inputs
@@ -78,18 +74,21 @@ class PrimitiveGraph:
             for t in {id(t) for t in op.inputs if t is not None}:
                 readers.setdefault(t, []).append(k)
         return PrimitiveGraph(graph, ops, producers, [category(op, target) for op in ops],
-                              readers, index, frozenset(id(t) for t in graph.outputs))
+                              readers, index, frozenset(id(t) for t in graph.outputs), target)
 
     def consumers(self, tensor: Tensor) -> list[int]:
         return self.readers.get(id(tensor), [])
 
     @functools.cached_property
     def attention_cores(self) -> list[int]:
-        """Every attention that can be one kernel (``attention_core``)."""
+        """Every attention that can be one kernel (``attention_core``), where the target has
+        an attention template."""
+        if not takes_as_its_own("FusedAttention", self.target):
+            return []
         return [c for p in range(len(self.ops)) if (c := attention_core(self, p)) is not None]
 
 
-def category(op: Operator, target: CpuTarget) -> str:
+def category(op: Operator, target: Target) -> str:
     if is_view(op) or op.op_type in LAYOUT:
         return "layout"
     template, _ = select_template(op, target)
@@ -306,6 +305,8 @@ def _attention(pg: PrimitiveGraph, members: int, product: int, writes: Sequence[
     """The plan of ``members`` around one fused attention kernel (``AttentionParts``):
     its primitives as the anchor, those it reads from as prologues, those after it as
     epilogues."""
+    if not takes_as_its_own("FusedAttention", pg.target):
+        raise NotAKernel(f"two linear primitives, and no attention kernel for {pg.target.kind}")
     found = _fusable_attention(pg, product)
     if found is None or found[0] & ~members:
         raise NotAKernel("two linear primitives that are not one attention")

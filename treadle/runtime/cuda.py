@@ -30,6 +30,7 @@ from treadle.ir.functor import evaluate, walk
 from treadle.ir.stmt import Assert, Function, Store, fault_message
 from treadle.runtime.arguments import Value, bind_arguments
 from treadle.runtime.module import CTYPES
+from treadle.target.cuda import CudaTarget, described_target
 
 LIBRARY = "libcuda.so.1"
 NO_DRIVER = ("no CUDA driver ({library}) on this machine; treadle can build CUDA kernels "
@@ -191,6 +192,12 @@ def available() -> bool:
     except DeviceUnavailableError:
         return False
     return True
+
+
+def device_target() -> CudaTarget:
+    """The target of this machine's GPU (device 0), its limits read from the driver;
+    raises ``DeviceUnavailableError`` without one."""
+    return described_target(device_properties())
 
 
 def device_properties() -> dict:

@@ -2,7 +2,7 @@
 with the arena, the constants and the tensors in device memory.
 
 A step's kernel is a ``CudaLaunches``: the fused function (its parameters are the step's
-arguments) and the CUDA kernels that compute it (``schedule.launches``), all in one cubin.
+arguments) and the CUDA kernels that compute it (``ir.passes.split_launches``), all in one cubin.
 Inputs are copied to the device at each call and outputs back after the last step;
 constants are copied once, at the first call. ``profile`` and ``trace`` wait for each
 step (and ``trace`` copies what it wrote to the host). Launches go back to back on one stream

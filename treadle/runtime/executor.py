@@ -29,9 +29,8 @@ import numpy as np
 
 from treadle.config import config
 from treadle.errors import ArgumentError, DTypeError, KernelError, ShapeError
-from treadle.graph.tensor import Dim
 from treadle.ir.dtypes import DataType, int64
-from treadle.ir.expr import Expr, Var
+from treadle.ir.expr import Dim, Expr, Var
 from treadle.ir.functor import evaluate, free_vars
 from treadle.runtime.step_runner import MAX_ARITY, load_runner
 from treadle.runtime.module import CompiledFunction

@@ -14,19 +14,14 @@ from typing import Sequence
 
 import numpy as np
 
-from treadle.backend.build import build
 from treadle.backend.c import c_name, fault_symbol, messages_symbol
-from treadle.backend.cpu import generate
 from treadle.backend.elf import open_library
 from treadle.config import config
-from treadle.dump import dump_text
 from treadle.errors import ArgumentError, IRError, KernelError
 from treadle.ir.dtypes import DataType
 from treadle.ir.expr import Buffer
 from treadle.ir.functor import walk
-from treadle.ir.lower import lower
-from treadle.ir.passes.check_bounds import check_bounds
-from treadle.ir.stmt import Function, Module, Store, fault_message
+from treadle.ir.stmt import Function, Store, fault_message
 from treadle.runtime.arguments import bind_arguments
 from treadle.runtime.pool import parallel_for_address
 
@@ -156,19 +151,3 @@ def load(path: Path | str, functions: Sequence[Function]) -> CompiledModule:
         set_parallel(parallel_for_address())
     return CompiledModule(Path(path), {f.name: CompiledFunction(library, f, Path(path))
                                           for f in functions})
-
-
-def compile_module(module: Module) -> CompiledModule:
-    """Lowers, generates C for, builds and loads every function of ``module``."""
-    lowered = [lower(f) for f in module.functions]
-    source = generate(lowered)
-    dump_text((module.name, "kernel.c"), source)
-    return load(build(source, module.name, exported_symbols(lowered)), lowered)
-
-
-def compile_function(func: Function, checked: bool | None = None) -> CompiledFunction:
-    """Compiles one kernel and returns it as a callable; ``checked`` (by default
-    TREADLE_CHECK_BOUNDS) checks every access to its buffer parameters (``check_bounds``)."""
-    if config.check_bounds if checked is None else checked:
-        func = check_bounds(func)
-    return compile_module(Module(func.name, (func,)))[func.name]

@@ -26,7 +26,7 @@ import os
 import threading
 from pathlib import Path
 
-from treadle.backend.build import build
+from treadle.backend.cpu import build
 from treadle.backend.elf import open_library
 from treadle.config import config
 

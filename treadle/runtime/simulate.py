@@ -38,12 +38,13 @@ from treadle.ir.compute import combine
 from treadle.ir.dtypes import DataType
 from treadle.ir.expr import (Binary, Buffer, Call, Cast, Const, Expr, Load, Select, Unary,
                              Var)
+from treadle.ir.evaluate import NUMPY_BINARY, NUMPY_UNARY, lookup, numpy_type
 from treadle.ir.functor import evaluate, walk
 from treadle.ir.primitives import PRIMITIVES
 from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, Evaluate, For, ForTask,
                              Function, If, Let, Seq, Stmt, Store, fault_message)
 from treadle.runtime.arguments import bind_arguments
-from treadle.runtime.interpret import NUMPY_BINARY, NUMPY_UNARY, is_prefetch, numpy_type
+from treadle.runtime.interpret import is_prefetch
 
 # Lanes run in one pass: enough to fill numpy's vector loops, few enough that the per-lane
 # copies of local buffers stay small. The shared memory of a pass's blocks, with its race
@@ -306,7 +307,7 @@ def _if(s: If, lanes: _Lanes, env: Env, mask: Mask) -> None:
 def _store(s: Store, lanes: _Lanes, env: Env, mask: Mask) -> None:
     if not mask.any():
         return
-    memory = _lookup(s.buffer, env)
+    memory = lookup(s.buffer, env)
     active = _active(mask)
     element, address = memory.address(s.indices, lanes, env, mask, active, "writes")
     value = _at(_eval(s.value, lanes, env, mask), active)
@@ -397,15 +398,6 @@ def _uniform_int(expr: Expr, lanes: _Lanes, env: Env, mask: Mask, what: str) -> 
 
 
 # ---- memory ------------------------------------------------------------------------------
-
-def _lookup(key: Union[Var, Buffer], env: Env):
-    try:
-        return env[key]
-    except KeyError:
-        kind = "buffer" if isinstance(key, Buffer) else "variable"
-        raise IRError(f"{kind} {key.name} is not defined here (a declaration is visible only "
-                      "in the rest of its sequence)") from None
-
 
 def _active(mask: Mask) -> Union[slice, np.ndarray]:
     """Selects the active lanes: all of them (a slice, so nothing is copied) or their numbers."""
@@ -700,7 +692,7 @@ def _select(e: Select, lanes: _Lanes, env: Env, mask: Mask):
 def _load(e: Load, lanes: _Lanes, env: Env, mask: Mask):
     if not mask.any():  # the value of no lane is needed
         return _convert(0, e.dtype)
-    memory = _lookup(e.buffer, env)
+    memory = lookup(e.buffer, env)
     active = _active(mask)
     element, address = memory.address(e.indices, lanes, env, mask, active, "reads")
     memory.on_read(lanes, active, element, _per_access(address, lanes, active))
@@ -742,7 +734,7 @@ def _call(e: Call, lanes: _Lanes, env: Env, mask: Mask):
 
 
 EXPR_EVAL: dict[type, Callable[[Any, _Lanes, Env, Mask], Any]] = {
-    Var: lambda e, lanes, env, mask: _lookup(e, env),
+    Var: lambda e, lanes, env, mask: lookup(e, env),
     Const: lambda e, lanes, env, mask: _convert(e.value, e.dtype),
     Binary: _binary,
     Unary: lambda e, lanes, env, mask: NUMPY_UNARY[e.op](_eval(e.a, lanes, env, mask)),

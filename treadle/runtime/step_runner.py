@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from treadle.backend.build import build
+from treadle.backend.cpu import build
 from treadle.backend.elf import open_library
 
 MAX_ARITY = 48  # kernels with more parameters are called from Python

@@ -18,7 +18,7 @@ from treadle.ir.dtypes import index_type
 from treadle.ir.expr import Expr, Load, Var, const, eq, select
 from treadle.ir.functor import rewrite
 from treadle.ir.stmt import Accumulate, DeclBuffer, Function, If, Let, Seq, Stmt, Store
-from treadle.schedule.rules import Kernel
+from treadle.schedule.kernel import Kernel
 
 
 def dispatching_kernel(kernels: Sequence[Kernel], nodes: Sequence[tuple[int, int, int, int]],

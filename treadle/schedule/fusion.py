@@ -38,7 +38,8 @@ from treadle.ir.mapping import ravel, unravel
 from treadle.ir.tabulate import tabulate
 from treadle.ir.simplify import simplify_expr
 from treadle.ir.stmt import Assert, For, Function, Let, Seq, Stmt, Store
-from treadle.schedule.rules import Inliner, Kernel, canonical_names
+from treadle.schedule.kernel import Kernel
+from treadle.schedule.rules import Inliner, canonical_names
 
 
 class FusionError(TreadleError):
@@ -56,7 +57,7 @@ class FusedKernel:
 
 
 # Schedules one operator alone into the kernel of the given name (a template's program
-# with the config tuning chose; see compiler.tuned_kernel).
+# with the config tuning chose; see tune.kernel.KernelMaker).
 ScheduleOperator = Callable[[Operator, str], Kernel]
 
 

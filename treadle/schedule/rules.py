@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Collection, Sequence
 
 from treadle.ir.compute import Compute, combine, identity_of, producer_of, reachable
@@ -38,6 +38,7 @@ from treadle.ir.simplify import simplify_expr
 from treadle.ir.stmt import (Accumulate, Assert, DeclBuffer, For, Function, Let, Seq,
                              Stmt, Store)
 from treadle.ir.builder import seq
+from treadle.schedule.kernel import Kernel
 
 # A reduce loop shorter than this (when known) stays serial: one AVX2 vector of float32.
 MIN_VECTOR_REDUCE = 8
@@ -45,30 +46,6 @@ MIN_VECTOR_REDUCE = 8
 # _split_columns) where it reads at least MIN_SPLIT_ELEMENTS: below, dispatching the
 # threads costs about what they save.
 SPLIT_PARTS, MIN_SPLIT_ELEMENTS = 16, 1 << 15
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """A scheduled tensor program and how its buffer parameters relate to the operator:
-    the operator inputs at indices ``inputs``, then every operator output in order, then
-    the buffers of ``derived``, then ``workspaces``, scratch buffers the caller allocates.
-
-    ``derived`` are constants the schedule reads in a layout of its own (the GEMM
-    template's weight panels): computes over operator inputs that are constants, which
-    the compiler tabulates once (``ir.tabulate``).
-
-    ``apart`` is the same schedule with every workspace its own buffer, where this one
-    keeps one in an output (``_written_in_place``): epilogues, which fusion applies at
-    each store of an output, take that one."""
-    function: Function
-    inputs: tuple[int, ...]
-    workspaces: tuple[Buffer, ...]
-    derived: tuple[Compute, ...] = ()
-    apart: "Kernel | None" = None
-
-    @property
-    def for_epilogues(self) -> "Kernel":
-        return self.apart or self
 
 
 def schedule_computes(name: str, inputs: Sequence[Buffer | None], outputs: Sequence[Compute],
@@ -496,18 +473,6 @@ def _element(c: Compute, index: Sequence[Expr], inline: Inliner) -> Stmt:
                      else "serial")
     return Seq((DeclBuffer(acc), Store(acc, (), identity_of(c.reduce_op, c.dtype)), update,
                 Store(c.buffer, tuple(index), acc[()])))
-
-
-def reduction_parts(stmt: Stmt) -> tuple[DeclBuffer, Store, Stmt, Store] | None:
-    """The parts of one element of a reduction as ``_element`` writes it (the
-    accumulator's declaration, its initialisation, the loops accumulating into it, the
-    store of the result), for schedules that rearrange them; None for anything else."""
-    if not (isinstance(stmt, Seq) and len(stmt.stmts) == 4
-            and isinstance(stmt.stmts[0], DeclBuffer)):
-        return None
-    decl, init, loops, store = stmt.stmts
-    accumulates = any(isinstance(n, Accumulate) and n.buffer == decl.buffer for n in walk(loops))
-    return (decl, init, loops, store) if accumulates else None
 
 
 def _vector_reduce(c: Compute) -> bool:

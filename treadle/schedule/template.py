@@ -22,12 +22,17 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
 
 from treadle.errors import ScheduleConfigError
 from treadle.graph.operator import Operator
-from treadle.schedule.rules import Kernel
+from treadle.schedule.kernel import Kernel
+from treadle.schedule.tiling import State, TilingProblem
 from treadle.target.cpu import CpuTarget
+
+if TYPE_CHECKING:
+    from treadle.target import Target
+    from treadle.target.memory import MemoryHierarchy
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,48 @@ class Template(Protocol):
     def emit(self, resolved: Any, name: str) -> Kernel: ...
 
     def workload(self, pattern: Any) -> str: ...
+
+
+@runtime_checkable
+class Constructible(Protocol):
+    """What schedule construction (``tune.construct``) asks of a template besides the
+    protocol; a template without it keeps its level-0 point under construction.
+
+    ``tiling_problem`` is the template's problem for Gensor's chain: the loop dimensions,
+    the operands' accesses, the levels of ``target``'s memory its tiles live in, their
+    step lists and capacities. ``constructed_config`` is the config a state of that
+    problem stands for (which ``check`` may still refuse: construction skips it).
+    ``predicted_seconds`` ranks resolved candidates: an analytic latency on ``memory``,
+    the target's hierarchy, never a measurement."""
+
+    def tiling_problem(self, pattern: Any, target: Target) -> TilingProblem: ...
+
+    def constructed_config(self, state: State) -> Any: ...
+
+    def predicted_seconds(self, resolved: Any, memory: MemoryHierarchy) -> float: ...
+
+
+@runtime_checkable
+class Sized(Protocol):
+    """What DietCode's dynamic-shape tuning (``tune.dynamic``) asks of a template besides
+    the protocol; a template without it gets one config for every size.
+
+    ``sizes`` are the extents of the problem's axes (expressions over its symbols);
+    ``sized_config`` fits a config to the sizes of ``env`` (short register tiles for small
+    ones); ``work`` is what a resolved config does at those sizes (the micro-kernel calls
+    and padding the cost model reads) and ``features`` what describes its micro-kernel to
+    that model; ``layout_key`` what the layout of constant operands depends on, which the
+    variants of one kernel must share."""
+
+    def sizes(self, pattern: Any) -> list: ...
+
+    def sized_config(self, pattern: Any, config: Any, target: Target, env) -> Any: ...
+
+    def work(self, resolved: Any, env) -> Any: ...
+
+    def features(self, resolved: Any, target: Target) -> dict[str, float]: ...
+
+    def layout_key(self, resolved: Any) -> Any: ...
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from treadle.config import config
+
+if TYPE_CHECKING:
+    from treadle.target.memory import MemoryHierarchy
 
 # ISA extensions treadle emits code for, where the machine has them. Schedules count
 # vectors of 256 bits (AVX2 + FMA) everywhere; AVX-512VL adds 16 registers for them, room
@@ -60,6 +63,11 @@ class CpuTarget:
     @property
     def compiler_flags(self) -> tuple[str, ...]:
         return tuple(f"-m{f}" for f in self.features)
+
+    def memory(self) -> MemoryHierarchy:
+        """The host's probed hierarchy (``target.memory``); another CPU's defaults."""
+        from treadle.target.memory import defaults, memory_hierarchy  # it imports this module
+        return memory_hierarchy() if self == host() else defaults(self)
 
 
 def _cpu_flags() -> set[str]:

@@ -108,8 +108,9 @@ def defaults(target: CpuTarget) -> MemoryHierarchy:
 
 def probe(target: CpuTarget) -> MemoryHierarchy:
     """Measures the host (see the module's docstring); raises where it cannot."""
-    from treadle.backend.build import build
-    library = ctypes.CDLL(str(build(PROBE_SOURCE, "memory_probe", list(PROBE_SYMBOLS))))
+    from treadle.backend.build import build_with, c_toolchain
+    built = build_with(c_toolchain(target), PROBE_SOURCE, "memory_probe", list(PROBE_SYMBOLS))
+    library = ctypes.CDLL(str(built.path))
     chase, stream, fma = (getattr(library, s) for s in PROBE_SYMBOLS)
     chase.restype = stream.restype = fma.restype = ctypes.c_double
     chase.argtypes = stream.argtypes = [ctypes.c_int64, ctypes.c_int64]

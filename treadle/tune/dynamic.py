@@ -64,7 +64,7 @@ from treadle.errors import ScheduleConfigError
 from treadle.ir.dtypes import index_type
 from treadle.ir.expr import Var
 from treadle.ir.functor import free_vars
-from treadle.schedule.template import Template, default_point, valid_points
+from treadle.schedule.template import Sized, Template, default_point, valid_points
 from treadle.target.cpu import CpuTarget
 from treadle.tune.measure import SYMBOL_SIZE, measure_functions
 from treadle.tune.records import config_of, read_record, record_path, replay, workload_text
@@ -327,7 +327,7 @@ class DynamicChoice:
 def dynamic_symbols(template: Template, pattern: Any, ranges: Mapping[str, SizeRange]
                     ) -> list[str]:
     """The declared symbols the kernel's sizes depend on (none: one config serves)."""
-    if not hasattr(template, "sized_config") or template.config_type is None:
+    if not isinstance(template, Sized) or template.config_type is None:
         return []
     names = {v.name for e in template.sizes(pattern) for v in free_vars(e)}
     return sorted(names & set(ranges))
@@ -364,7 +364,7 @@ def choose_dynamic_many(kernels: Sequence[tuple[Template, Any, str]],
                 tunings[workload] = _Tuning.start(template, pattern, name, symbols, ranges,
                                                   level, target)
     if tunings:
-        from treadle.tune.exhaustive import measurement_progress
+        from treadle.tune.choice import measurement_progress
         started = list(tunings.values())
         # at most: each explored candidate where it fits best and at every stand-in size
         explored = sum(EXPLORED[level] * (1 + len(t.stand_ins)) for t in started)
@@ -617,8 +617,9 @@ def _time_runs(tunings: Sequence[_Tuning], runs: Sequence[list[tuple[int, int]]]
             owners.append((tuning, (c, g)))
     if not functions:
         return
-    seconds = measure_functions(functions, sizes=sizes, labels=labels, progress=bar.update,
-                                repeats=REPEATS, cold=cold, budget=BUDGET_S)
+    seconds = measure_functions(functions, target=tunings[0].target, sizes=sizes,
+                                labels=labels, progress=bar.update, repeats=REPEATS,
+                                cold=cold, budget=BUDGET_S)
     for (tuning, run), t in zip(owners, seconds):
         tuning.seconds[run] = t
 

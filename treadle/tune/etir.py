@@ -1,4 +1,4 @@
-"""The state of schedule construction (Gensor's ETIR, on a CPU) and its actions.
+"""The state of schedule construction (Gensor's ETIR) and its actions.
 
 A state holds, for each memory level from the registers outward, a tile size per loop
 dimension, the level being scheduled, and the number of independent accumulation chains
@@ -8,7 +8,8 @@ is a multiple of the tile inside it in every dimension. Actions, at the current 
 ``cache()`` moves to the next level out (whose tile starts equal to this one), ``chain()``
 doubles the chains. What a template lets construction tile is a ``TilingProblem``: the
 dimensions and extents, which dimensions each tensor reads (from the compute's access
-functions), the step lists, and the capacity check of each level.
+functions), the step lists, and the capacity check of each level (these data types live
+in ``schedule.tiling``, where templates build them).
 
 The benefits are Gensor's formulas (section IV-B) with Q, the bytes a level's tiles bring
 in from the level below over the whole problem, and F, the bytes one tile holds:
@@ -27,48 +28,13 @@ A move that breaks a level's capacity has benefit 0.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from dataclasses import replace
+from typing import Sequence
 
+from treadle.schedule.tiling import State, TilingProblem
 from treadle.target.memory import MemoryHierarchy
 
 ELEMENT_BYTES = 4
-
-
-@dataclass(frozen=True)
-class TensorAccess:
-    dims: frozenset[int]  # the dimensions the tensor's index reads
-    output: bool = False  # accumulated across the other dimensions, written once per tile
-
-
-@dataclass(frozen=True)
-class TilingProblem:
-    dims: tuple[str, ...]
-    extents: tuple[int, ...]
-    tensors: tuple[TensorAccess, ...]
-    levels: tuple[str, ...]  # memory levels scheduled, registers outward
-    # steps(level, dim, inner) -> the sizes the dim's tile may take at ``level`` given
-    # the tile inside it, ascending; one size (or none) fixes the dimension there.
-    steps: Callable[[int, int, int], Sequence[int]]
-    fits: Callable[["State"], bool]  # every level's tile within its capacity
-    # The fraction of the current level's capacity its tile uses (0 to 1).
-    usage: Callable[["State"], float]
-    cores: int
-    max_chains: int = 1
-
-
-@dataclass(frozen=True)
-class State:
-    tiles: tuple[tuple[int, ...], ...]  # per level, per dimension
-    level: int = 0
-    chains: int = 1
-
-    def tile(self, level: int | None = None) -> tuple[int, ...]:
-        return self.tiles[self.level if level is None else level]
-
-    @property
-    def complete(self) -> bool:
-        return self.level == len(self.tiles) - 1
 
 
 def initial_state(problem: TilingProblem) -> State:
@@ -161,8 +127,10 @@ def traffic(problem: TilingProblem, tile: Sequence[int]) -> float:
 
 
 def tiling_benefit(problem: TilingProblem, before: Sequence[int], after: Sequence[int]) -> float:
-    return (traffic(problem, before) * footprint(problem, after)
-            / (traffic(problem, after) * footprint(problem, before)))
+    moved = traffic(problem, after) * footprint(problem, before)
+    if moved == 0:  # an empty problem (an extent of 0): nothing moves, however tiled
+        return 1.0
+    return traffic(problem, before) * footprint(problem, after) / moved
 
 
 def caching_benefit(problem: TilingProblem, state: State, memory: MemoryHierarchy) -> float:
@@ -184,7 +152,7 @@ def work_items(problem: TilingProblem, state: State) -> int:
 def chain_benefit(problem: TilingProblem, state: State, after: State) -> float:
     def load(s: State) -> float:
         x = work_items(problem, s)
-        return math.ceil(x / problem.cores) / x
+        return math.ceil(x / problem.cores) / x if x else 1.0  # no work: nothing to balance
     return load(state) / load(after)
 
 

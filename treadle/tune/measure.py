@@ -1,9 +1,8 @@
-"""Measuring candidate kernels: build them all in parallel, time them in a child process.
+"""Measuring candidate kernels, by the timer of their target (``TIMERS``).
 
-Candidates are lowered, printed as C in groups of at most ``FUNCTIONS_PER_OBJECT`` per
-shared object (a compiler start-up per kernel would dominate tuning), at least one group
-per core, and built by ``build_many``.
-The timing runs in a child process (``python -m treadle.tune.measure JOB``) that reports
+On the CPU, candidates are built together through the one build path
+(``runtime.build.shared_objects``: a few shared objects, compiled in parallel) and timed
+in a child process. The timing runs in a child process (``python -m treadle.tune.measure JOB``) that reports
 each candidate on its stdout as it goes, so a candidate that crashes the process or runs
 past ``timeout`` seconds is marked failed (None) and the child is restarted on the rest:
 a broken candidate never takes the tuner down. Each candidate runs once to warm up, then
@@ -14,6 +13,11 @@ Symbolic dimensions take ``symbol_size``, or the values given per candidate.
 In a model a layer's weights come from memory, not cache: each call takes the next of
 several copies of the arguments, together twice the last-level cache, so candidates are
 timed reading cold data, as they will run.
+
+On CUDA, candidates are built into cubins and each launch is timed with CUDA events
+through the driver, on device-resident random arguments. Where the machine has no CUDA
+device, measuring raises ``DeviceUnavailableError``: what measures nothing (level 0,
+``"construct"``) still compiles for CUDA.
 """
 from __future__ import annotations
 
@@ -27,36 +31,33 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from treadle.backend.build import build_many, object_groups
-from treadle.backend.cpu import generate
 from treadle.config import config
-from treadle.errors import CompileError
+from treadle.errors import CompileError, DeviceUnavailableError, TreadleError
 from treadle.ir.expr import Buffer, Var
 from treadle.ir.functor import evaluate, free_vars
-from treadle.ir.lower import lower
 from treadle.ir.stmt import Function
-from treadle.runtime.module import exported_symbols
-from treadle.target.cpu import host
+from treadle.runtime.build import build, shared_objects
+from treadle.schedule.tiling import SYMBOL_SIZE
+from treadle.target import Target
 
 log = logging.getLogger(__name__)
 
-FUNCTIONS_PER_OBJECT = 8
 REPEATS = 15
 TIMEOUT_S = 20.0      # per candidate, warm-up and repeats together
 TIME_BUDGET_S = 1.0   # fewer repeats for a candidate slower than this in all
-SYMBOL_SIZE = 128
 ROUNDS = 3            # timing rounds, interleaved across candidates
 MAX_COPIES = 16       # argument copies cycled through to keep the data cold
 READER_JOIN_S = 5.0   # how long the pipe's reader may take to close it after the child
 
 
-def measure_functions(functions: Sequence[Function], *, symbol_size: int = SYMBOL_SIZE,
+def measure_functions(functions: Sequence[Function], *, target: Target,
+                      symbol_size: int = SYMBOL_SIZE,
                       repeats: int = REPEATS, timeout: float = TIMEOUT_S,
                       progress: Callable[[int], object] = lambda n: None,
                       labels: Sequence[str] | None = None,
@@ -70,35 +71,58 @@ def measure_functions(functions: Sequence[Function], *, symbol_size: int = SYMBO
     the same arguments, in cache as a kernel's inputs are when the one before it has just
     written them (a flag per function where given a sequence). A candidate whose calls
     together would take more than ``budget`` seconds is timed fewer times (3 at least)."""
-    labels = list(labels) if labels is not None else [""] * len(functions)
+    count = len(functions)
+    request = Request(symbol_size, repeats, timeout, progress,
+                      list(labels) if labels is not None else [""] * count,
+                      list(sizes) if sizes is not None else [{}] * count,
+                      [cold] * count if isinstance(cold, bool) else list(cold), budget)
+    return TIMERS[target.kind](functions, target, request)
+
+
+@dataclass(frozen=True)
+class Request:
+    """How candidates are to be timed (see ``measure_functions``), one entry per
+    candidate in ``labels``, ``sizes`` and ``cold``."""
+    symbol_size: int
+    repeats: int
+    timeout: float
+    progress: Callable[[int], object]
+    labels: list[str]
+    sizes: list[Mapping[str, int]]
+    cold: list[bool]
+    budget: float
+
+
+def _time_in_child(functions: Sequence[Function], target: Target, request: Request
+                   ) -> list[float | None]:
+    """The CPU's timer: the candidates built together, timed in a child process."""
     # A function timed at several sizes is built once.
     built: dict[Function, int] = {}
     index = [built.setdefault(_renamed(f, ""), len(built)) for f in functions]
     unique = [_renamed(f, f"candidate{k}") for k, f in enumerate(built)]
     named = [unique[k] for k in index]
-    sizes = sizes if sizes is not None else [{}] * len(functions)
-    cold_bytes = [2 * host().l3_bytes if c else 0
-                  for c in ([cold] * len(functions) if isinstance(cold, bool) else cold)]
-    envs = [{v: given.get(v.name, symbol_size) for v in _symbols(f)}
-            for f, given in zip(named, sizes)]
-    paths = _build(unique) if unique else []
+    cold_bytes = [2 * target.l3_bytes if c else 0 for c in request.cold]
+    envs = [{v: given.get(v.name, request.symbol_size) for v in _symbols(f)}
+            for f, given in zip(named, request.sizes)]
+    paths = _build(unique, target) if unique else []
     libraries = [paths[k] for k in index]
     results: list[float | None] = [None] * len(named)
     todo = [k for k in range(len(named)) if libraries[k] is not None]
-    progress(len(named) - len(todo))
+    request.progress(len(named) - len(todo))
     with tempfile.TemporaryDirectory(prefix="treadle-measure-") as tmp:
         while todo:
             job = Path(tmp) / "job.pkl"
             job.write_bytes(pickle.dumps({
                 "candidates": [(k, str(libraries[k]), named[k], envs[k], cold_bytes[k])
                                for k in todo],
-                "repeats": repeats, "threads": config.num_threads, "budget": budget}))
-            done = _run_child(job, results, timeout, labels)
+                "repeats": request.repeats, "threads": config.num_threads,
+                "budget": request.budget}))
+            done = _run_child(job, results, request.timeout, request.labels)
             if not done:  # the child died before reaching any candidate
                 log.warning("tuning: the measuring process failed to start; %d candidates "
                             "left unmeasured", len(todo))
                 break
-            progress(len(done))
+            request.progress(len(done))
             todo = [k for k in todo if k not in done]
     return results
 
@@ -113,28 +137,63 @@ def _symbols(f: Function) -> set[Var]:
     return found
 
 
-def _build(functions: Sequence[Function]) -> list[Path | None]:
-    """The shared object holding each function, None where its group failed to build
-    (each group lowered while the groups before it compile)."""
-    items: list[tuple] = []
-    grouped = object_groups(functions, FUNCTIONS_PER_OBJECT)
-
-    def groups():
-        for k, functions_of in enumerate(grouped):
-            group = [lower(f) for f in functions_of]
-            items.append((generate(group), f"tune_{k}", exported_symbols(group)))
-            yield items[-1]
+def _build(functions: Sequence[Function], target: Target) -> list[Path | None]:
+    """The shared object holding each function, None where it failed to build; after a
+    failure, each function of the batch is built alone to find the ones at fault."""
     try:
-        paths: list[Path | None] = list(build_many(groups()))
+        return [path for path, group in shared_objects(functions, target, "tune")
+                for _ in group]
     except CompileError:
-        paths = []
-        for item in items:  # find the group at fault, keep the others
+        paths: list[Path | None] = []
+        for function in functions:
             try:
-                paths.append(build_many([item])[0])
+                paths.append(shared_objects([function], target, "tune")[0][0])
             except CompileError as err:
-                log.warning("tuning: a group of candidates failed to compile:\n%s", err)
+                log.warning("tuning: a candidate failed to compile:\n%s", err)
                 paths.append(None)
-    return [path for group, path in zip(grouped, paths) for _ in group]
+        return paths
+
+
+def _time_on_cuda(functions: Sequence[Function], target: Target, request: Request
+                  ) -> list[float | None]:
+    """Median seconds of each function's launches, timed with CUDA events on the device;
+    None where one failed."""
+    from treadle.runtime import cuda
+    if not cuda.available():
+        raise DeviceUnavailableError(
+            f"measuring CUDA kernels for {target.arch} needs a CUDA device, and this "
+            "machine has none; compile for CUDA with tune=0 or tune='construct', which "
+            "measure nothing")
+    named = [_renamed(f, f"candidate{k}") for k, f in enumerate(functions)]
+    built = build(named, target, "tune")
+    modules: dict = {}
+    results: list[float | None] = []
+    for function, given in zip(named, request.sizes):
+        env = {v: given.get(v.name, request.symbol_size) for v in _symbols(function)}
+        arrays = [cuda.DeviceArray.from_numpy(a) for a in _buffers(function, env)]
+        symbols = {v.name: value for v, value in env.items()}
+        try:
+            results.append(sum(float(np.median(k.time(*arrays, repeat=request.repeats,
+                                                      **symbols)))
+                               for k in built[function.name].kernels(modules)) / 1e3)
+        except TreadleError as err:
+            log.warning("tuning: candidate %s failed on the device: %s", function.name, err)
+            results.append(None)
+        request.progress(1)
+    return results
+
+
+def _buffers(function: Function, env: Mapping[Var, int]) -> list[np.ndarray]:
+    """Random contents for each buffer parameter of ``function`` at the sizes of ``env``."""
+    rng = np.random.default_rng(0)
+    shapes = [(tuple(int(evaluate(d, env)) for d in p.shape), np.dtype(p.dtype.name))
+              for p in function.params if isinstance(p, Buffer)]
+    return [rng.standard_normal(shape).astype(dtype) if dtype.kind == "f"
+            else np.zeros(shape, dtype) for shape, dtype in shapes]
+
+
+# Target kind -> its timer.
+TIMERS = {"cpu": _time_in_child, "cuda": _time_on_cuda}
 
 
 def _run_child(job: Path, results: list, timeout: float, labels: Sequence[str]) -> set[int]:

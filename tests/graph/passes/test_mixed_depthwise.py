@@ -12,7 +12,7 @@ from tests.harness import assert_close, random_array, run_onnxruntime
 import treadle
 from treadle.frontend.onnx import from_onnx
 from treadle.graph.optimize import optimize
-from treadle.schedule.operator import select_template
+from treadle.schedule.select import select_template
 from treadle.target.cpu import host
 
 

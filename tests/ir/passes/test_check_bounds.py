@@ -15,7 +15,7 @@ from treadle.ir.functor import rewrite, walk
 from treadle.ir.passes.check_bounds import check_bounds
 from treadle.ir.stmt import Assert, Seq, Store
 from treadle.runtime.interpret import interpret
-from treadle.runtime.module import compile_function
+from treadle.runtime.build import compile_function
 
 
 def shifted(offset: int, guarded: bool = False):

@@ -9,7 +9,8 @@ from treadle.ir.functor import walk
 from treadle.ir.lower import PIPELINES, lower
 from treadle.ir.passes.hoist import hoist
 from treadle.ir.stmt import For, Let
-from treadle.runtime.module import compile_function
+from treadle.runtime.build import compile_function
+from treadle.target.cpu import host
 
 
 def _rows_program():
@@ -47,7 +48,7 @@ def test_hoisted_program_computes_the_same():
     y = np.zeros((15, 8), np.float32)
     function(x, y)
     np.testing.assert_array_equal(y, (x * 2).reshape(15, 8))
-    lowered = lower(_rows_program())
+    lowered = lower(_rows_program(), host())
     assert all(_divisions_in_loop(s) == [] for s in walk(lowered.body)
                if isinstance(s, For) and s.var.name.startswith("j"))
 

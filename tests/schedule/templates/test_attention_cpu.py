@@ -9,7 +9,6 @@ import pytest
 
 from tests.harness import assert_close, random_array
 from treadle import ops
-from treadle import compiler as compiler_module
 from treadle.compiler import compile_graph
 from treadle.graph import kernel_plan
 from treadle.graph.optimize import optimize
@@ -17,9 +16,10 @@ from treadle.graph.passes.fission import fission
 from treadle.orchestrate import orchestrate
 from treadle.orchestrate.primitives import PrimitiveGraph, attention_core
 from treadle.orchestrate.primitives import kernel_plan as kernel_plan_of
-from treadle.runtime.module import compile_function
+from treadle.runtime.build import compile_function
 from treadle.schedule.templates.attention_cpu import schedule_attention
 from treadle.target.cpu import host
+from treadle.tune.kernel import KernelMaker
 
 
 def fused_first(plans):
@@ -32,13 +32,14 @@ def fused_first(plans):
 def compile_fused(monkeypatch, graph):
     """The model with the kernels orchestration chose (never swapped for greedy fusion
     by timing both), and those kernels."""
-    monkeypatch.setitem(kernel_plan.STRATEGIES, "orchestrate", lambda g, tune: (
-        lambda done: (done.graph, done.plans))(orchestrate(g, tune, measure=fused_first)))
-    monkeypatch.setattr(compiler_module, "interleaved_medians",
-                        lambda runs, repeat, idle: {"chosen": 1.0, "own": 2.0})
+    def chosen(g, builder):
+        done = orchestrate(g, builder.maker, measure=fused_first)
+        return builder.executable(done.graph, done.plans)
+    monkeypatch.setitem(kernel_plan.STRATEGIES, "orchestrate", chosen)
     model = compile_graph(graph, strategy="orchestrate")
     fused = [s for s in model.steps if s.name.endswith("+attention")]
-    return model, orchestrate(optimize(graph), measure=fused_first).plans, fused
+    plans = orchestrate(optimize(graph), KernelMaker(host()), measure=fused_first).plans
+    return model, plans, fused
 
 
 def softmax(x):

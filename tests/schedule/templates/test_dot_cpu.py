@@ -16,7 +16,7 @@ from treadle.graph.graph import Graph
 from treadle.graph.operator import apply
 from treadle.graph.optimize import optimize
 from treadle.graph.tensor import Tensor, constant
-from treadle.schedule.operator import select_template
+from treadle.schedule.select import select_template
 from treadle.schedule.templates.dot_cpu import DOT
 from treadle.target.cpu import CpuTarget, host
 

@@ -16,10 +16,11 @@ from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Var, maximum
 from treadle.ir.lower import lower
 from treadle.runtime import cuda as cuda_runtime
+from treadle.runtime.cuda import device_target
 from treadle.runtime.simulate import simulate
 from treadle.schedule.templates.gemm import match_gemm_output
 from treadle.schedule.templates.matmul_cuda import MATMUL_CUDA, MatmulCudaConfig
-from treadle.target.cuda import ARCHS, cuda_target, device_target
+from treadle.target.cuda import ARCHS, cuda_target
 
 TARGET = cuda_target("sm_80")
 

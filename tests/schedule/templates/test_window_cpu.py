@@ -15,9 +15,10 @@ from treadle.ir.expr import Load, Select
 from treadle.ir.functor import walk
 from treadle.ir.stmt import For, If, Store
 from treadle.ir.verify import verify
-from treadle.schedule.operator import schedule_operator
+from treadle.schedule.select import schedule_operator, select_template
 from treadle.schedule.templates.gemm import GEMM
 from treadle.schedule.templates.window_cpu import MAX_UNROLLED, match_window
+from treadle.target.cpu import host
 
 torch = pytest.importorskip("torch")
 
@@ -40,7 +41,7 @@ def test_depthwise_conv_kernel_vectorises_rows_with_scalar_input_and_output_acce
     x, _, _, y = _conv_op(8, (13, 11), stride=2)
     op = _operator(Graph.from_outputs([x], [y]))
     assert match_window(op.definition[0]) is not None
-    func = schedule_operator(op, "dw").function
+    func = schedule_operator(op, "dw", host()).function
     verify(func)
     loops = [n for n in walk(func.body) if isinstance(n, For)]
     assert [n.kind for n in loops].count("parallel") == 1
@@ -109,7 +110,7 @@ def test_channels_last_depthwise_interior_rows_skip_the_padding_checks(channels,
     attrs = {"group": channels, "strides": [stride] * 2, "pads": [pad] * 4}
     y = apply("ChannelsLastConv", [x, constant(w), constant(b)], attrs)[0]
     graph = Graph.from_outputs([x], [y])
-    func = schedule_operator(_operator(graph), "dw").function
+    func = schedule_operator(_operator(graph), "dw", host()).function
     verify(func)
     if kernel * kernel <= MAX_UNROLLED:
         assert not any(isinstance(n, Select) for n in walk(func.body))
@@ -144,8 +145,6 @@ def test_convolutions_to_a_few_channels_are_windows_and_match_torch(cin, cout, s
     window template (a GEMM would pack every tap of every pixel for a few channels to
     read), which sums a whole unpadded 3 x 3 window in each pass along the row; the
     numbers stay torch's, with a symbolic batch."""
-    from treadle.schedule.operator import select_template
-    from treadle.target.cpu import host
     x = Tensor("x", "float32", ["n", cin, *size])
     w = random_array((cout, cin, *kernel), seed=6)
     b = random_array((cout,), seed=7)
@@ -154,7 +153,7 @@ def test_convolutions_to_a_few_channels_are_windows_and_match_torch(cin, cout, s
     graph = Graph.from_outputs([x], [y])
     op = _operator(graph)
     assert GEMM.match(op) is None and select_template(op, host())[0].name == "window"
-    func = schedule_operator(op, "narrow").function
+    func = schedule_operator(op, "narrow", host()).function
     verify(func)
     if kernel == (3, 3):
         # Unpadded, both window axes unrolled: 9 taps a pass, the input channels loop.

@@ -28,6 +28,7 @@ the spec's graph has T1 tensors. The fourth output follows onnx's reference: mod
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from treadle.errors import DTypeError
 from treadle.graph.operator import OpContext, register
@@ -35,7 +36,8 @@ from treadle.graph.ops.common import broadcast_index, onnx_dtype, same_dtype, st
 from treadle.graph.ops.reduce import accumulator
 from treadle.graph.tensor import normalize_dim
 from treadle.ir import dtypes
-from treadle.ir.compute import compute, reduce
+from treadle.ir.compute import Compute, compute, reduce
+from treadle.ir.dtypes import DataType
 from treadle.ir.expr import (Buffer, Const, Expr, as_expr, call, cast, eq, logical_and,
                              maximum, minimum, select)
 
@@ -88,8 +90,49 @@ def _concat_past(ctx: OpContext, new: _Heads, past_index: int, what: str):
     return (lambda b, h, j, d: present[b, h, j, d]), length, present
 
 
+@dataclass(frozen=True)
+class _Precision:
+    """T1 and the dtype its sums run in (``work``); the softmax's precision (``stype``,
+    softmax_precision or T1) and the dtype its steps run in (``soft``)."""
+    dtype: DataType
+    work: DataType
+    stype: DataType
+    soft: DataType
+
+    def rounded(self, value: Expr) -> Expr:
+        """``value`` rounded as a T1 tensor of the spec's graph holds it."""
+        return cast(cast(value, self.dtype), self.work)
+
+    def soft_rounded(self, value: Expr) -> Expr:
+        """``value`` rounded to softmax_precision, as each softmax step is."""
+        return cast(cast(value, self.stype), self.soft)
+
+
 @register("Attention")
-def attention(ctx: OpContext):
+def attention(ctx: OpContext) -> list[Compute]:
+    dtype, q, k, v = _inputs(ctx)
+    key, length, present_key = _concat_past(ctx, k, 4, "key")
+    value, _, present_value = _concat_past(ctx, v, 5, "value")
+    head_size, hq, group = _grouping(ctx, q, k, v)
+    p = _precision(ctx, dtype)
+    shape = [q.batch, hq, q.seq, length]
+    capped = _scores(ctx, p, q, key, group, head_size, shape)
+    bias, restricts = _additive_bias(ctx, shape, p.work)
+    logits = capped if bias is None else compute(
+        "qk_bias", shape, lambda b, h, i, j: cast(capped[b, h, i, j], p.work) + bias(b, h, i, j),
+        dtype)
+    probs = _softmax(p, logits, shape, bias if restricts else None)
+    outputs = [_weighted_values(ctx, p, probs, value, q, v, group, shape)]
+    if ctx.num_outputs > 1:
+        outputs += [_present(k, present_key, "key"), _present(v, present_value, "value")]
+    if ctx.num_outputs > 3:
+        outputs.append(_qk_output(ctx, shape, capped, logits, probs))
+    return outputs
+
+
+def _inputs(ctx: OpContext) -> tuple[DataType, _Heads, _Heads, _Heads]:
+    """T1 and Q, K, V seen as heads, checked to be float tensors of one dtype and rank
+    and to pair with the optional inputs."""
     q_in, k_in, v_in = ctx.input(0), ctx.input(1), ctx.input(2)
     dtype = same_dtype(ctx, q_in, k_in, v_in)
     if not dtype.is_float:
@@ -100,13 +143,13 @@ def attention(ctx: OpContext):
         raise ctx.error("past_key and past_value must be given together")
     if ctx.has_input(6) and ctx.has_input(4):
         raise ctx.error("nonpad_kv_seqlen cannot be combined with past_key / past_value")
-    q_heads_attr, kv_heads_attr = ctx.attr("q_num_heads"), ctx.attr("kv_num_heads")
-    q = _Heads(ctx, q_in, q_heads_attr, "Q")
-    k = _Heads(ctx, k_in, kv_heads_attr, "K")
-    v = _Heads(ctx, v_in, kv_heads_attr, "V")
-    key, length, present_key = _concat_past(ctx, k, 4, "key")
-    value, _, present_value = _concat_past(ctx, v, 5, "value")
+    q_heads, kv_heads = ctx.attr("q_num_heads"), ctx.attr("kv_num_heads")
+    return (dtype, _Heads(ctx, q_in, q_heads, "Q"), _Heads(ctx, k_in, kv_heads, "K"),
+            _Heads(ctx, v_in, kv_heads, "V"))
 
+
+def _grouping(ctx: OpContext, q: _Heads, k: _Heads, v: _Heads) -> tuple[int, int, int]:
+    """(head size, query heads, query heads per key/value head), checked to agree."""
     head_size = static_dim(ctx, q.size, "the head size of Q")
     if static_dim(ctx, k.size, "the head size of K") != head_size:
         raise ctx.error(f"Q and K head sizes differ: {head_size} vs {k.size}")
@@ -116,111 +159,127 @@ def attention(ctx: OpContext):
         raise ctx.error(f"K and V have different numbers of heads: {hkv} vs {v.heads}")
     if hq % hkv:
         raise ctx.error(f"{hq} query heads are not a multiple of {hkv} key/value heads")
-    group = hq // hkv
+    return head_size, hq, hq // hkv
 
-    work = accumulator(dtype)
+
+def _precision(ctx: OpContext, dtype: DataType) -> _Precision:
     # The softmax runs in softmax_precision, by default T1: each step is rounded to it.
     precision = ctx.attr("softmax_precision")
     stype = dtype if precision is None else onnx_dtype(ctx, int(precision))
     if not stype.is_float:
         raise ctx.error(f"softmax_precision must be a float type, got {stype}", DTypeError)
-    soft = accumulator(stype)
+    return _Precision(dtype, accumulator(dtype), stype, accumulator(stype))
 
-    def soft_rounded(value: Expr) -> Expr:
-        return cast(cast(value, stype), soft)
 
-    def rounded(value: Expr) -> Expr:  # a T1 tensor of the spec's graph
-        return cast(cast(value, dtype), work)
-
+def _scores(ctx: OpContext, p: _Precision, q: _Heads, key, group: int, head_size: int,
+            shape: list) -> Compute:
+    """The T1 scores (Q·√scale)(K·√scale)ᵀ, softcapped when softcap > 0."""
     scale = ctx.attr("scale")
     root = Const(math.sqrt(1.0 / math.sqrt(head_size) if scale is None else float(scale)),
-                 work)
-    root = rounded(root)  # √scale is cast to T1 and multiplies Q and K
-    batch, seq = q.batch, q.seq
-    shape = [batch, hq, seq, length]
+                 p.work)
+    root = p.rounded(root)  # √scale is cast to T1 and multiplies Q and K
 
     def product(b, h, i, j, r):
-        left = rounded(cast(q(b, h, i, r), work) * root)
-        right = rounded(cast(key(b, h // group, j, r), work) * root)
+        left = p.rounded(cast(q(b, h, i, r), p.work) * root)
+        right = p.rounded(cast(key(b, h // group, j, r), p.work) * root)
         return left * right
     scores = reduce("qk", shape, [head_size], product)
     softcap = float(ctx.attr("softcap", 0.0))
     if softcap > 0:
-        cap = Const(softcap, work)
-        capped = compute("softcap", shape, lambda *i: call("tanh", rounded(scores[i]) / cap) * cap,
-                         dtype)
-    else:
-        capped = compute("qk_scores", shape, lambda *i: scores[i], dtype)
+        cap = Const(softcap, p.work)
+        return compute("softcap", shape,
+                       lambda *i: call("tanh", p.rounded(scores[i]) / cap) * cap, p.dtype)
+    return compute("qk_scores", shape, lambda *i: scores[i], p.dtype)
 
-    allowed, bias_value = _bias(ctx, batch, hq, seq, length, work)
-    masked = allowed is not None or bias_value is not None
+
+def _additive_bias(ctx: OpContext, shape: list, work: DataType):
+    """(bias(b, h, i, j), whether it is -inf for keys not allowed), or (None, False) when
+    neither a mask nor a restriction applies."""
+    batch, heads, seq, length = shape
+    allowed, bias_value = _bias(ctx, batch, heads, seq, length, work)
+    if allowed is None and bias_value is None:
+        return None, False
 
     def bias(b, h, i, j) -> Expr:
         value = Const(0.0, work) if bias_value is None else bias_value(b, h, i, j)
         if allowed is None:
             return value
         return select(allowed(b, h, i, j), value, Const(-math.inf, work))
-    logits = compute("qk_bias", shape, lambda b, h, i, j: cast(capped[b, h, i, j], work)
-                     + bias(b, h, i, j), dtype) if masked else capped
+    return bias, allowed is not None
 
-    # Softmax over the keys, shifted by the maximum; an all -inf row shifts by 0.
+
+def _softmax(p: _Precision, logits: Compute, shape: list, guard) -> Compute:
+    """softmax(logits) over the keys, shifted by the maximum (an all -inf row shifts by
+    0). With ``guard``, the bias, a row with no allowed key (its bias all -inf) gives
+    zeros, decided on the bias so that NaN or infinite scores cannot leak into it."""
+    batch, heads, seq, length = shape
+    soft = p.soft
+
     def logit(i):
         return cast(logits[i], soft)
-    high = reduce("qk_max", [batch, hq, seq, 1], [length],
+    high = reduce("qk_max", [batch, heads, seq, 1], [length],
                   lambda b, h, i, _, j: logit((b, h, i, j)), "max")
     lowest = Const(-math.inf, soft)
 
     def shift(b, h, i):
         m = high[b, h, i, 0]
         return select(eq(m, lowest), Const(0.0, soft), m)
-    exps = compute("qk_exp", shape, lambda b, h, i, j: soft_rounded(call(
-        "exp", soft_rounded(logit((b, h, i, j)) - shift(b, h, i)))))
-    total = reduce("qk_sum", [batch, hq, seq, 1], [length],
+    exps = compute("qk_exp", shape, lambda b, h, i, j: p.soft_rounded(call(
+        "exp", p.soft_rounded(logit((b, h, i, j)) - shift(b, h, i)))))
+    total = reduce("qk_sum", [batch, heads, seq, 1], [length],
                    lambda b, h, i, _, j: exps[b, h, i, j], "sum")
 
     def probability(b, h, i, j):
-        s = soft_rounded(total[b, h, i, 0])
-        return soft_rounded(exps[b, h, i, j] / select(eq(s, Const(0.0, soft)),
-                                                      Const(1.0, soft), s))
-    if allowed is not None:
-        # A row with no allowed key (its bias all -inf) gives zeros, decided on the bias
-        # so that NaN or infinite scores cannot leak into it.
-        bias_max = reduce("bias_max", [batch, hq, seq, 1], [length],
-                          lambda b, h, i, _, j: bias(b, h, i, j), "max")
+        s = p.soft_rounded(total[b, h, i, 0])
+        return p.soft_rounded(exps[b, h, i, j] / select(eq(s, Const(0.0, soft)),
+                                                        Const(1.0, soft), s))
+    if guard is not None:
+        bias_max = reduce("bias_max", [batch, heads, seq, 1], [length],
+                          lambda b, h, i, _, j: guard(b, h, i, j), "max")
         unguarded = probability
 
         def probability(b, h, i, j):
-            return select(eq(bias_max[b, h, i, 0], Const(-math.inf, work)),
+            return select(eq(bias_max[b, h, i, 0], Const(-math.inf, p.work)),
                           Const(0.0, soft), unguarded(b, h, i, j))
-    probs = compute("attention_probs", shape, probability, dtype)
+    return compute("attention_probs", shape, probability, p.dtype)
+
+
+def _weighted_values(ctx: OpContext, p: _Precision, probs: Compute, value, q: _Heads,
+                     v: _Heads, group: int, shape: list) -> Compute:
+    """Y = probs · V, a sum over the keys, laid out as Q is (3-D or 4-D)."""
+    batch, hq, seq, length = shape
 
     def weighted(b, h, i, e, j):
-        return cast(probs[b, h, i, j], work) * cast(value(b, h // group, j, e), work)
+        return cast(probs[b, h, i, j], p.work) * cast(value(b, h // group, j, e), p.work)
     if q.split:
         v_size = static_dim(ctx, v.size, "the head size of V")
-        total_y = reduce("attention_sum", [batch, seq, hq * v_size], [length],
-                         lambda b, i, c, j: weighted(b, c // v_size, i, c % v_size, j))
+        total = reduce("attention_sum", [batch, seq, hq * v_size], [length],
+                       lambda b, i, c, j: weighted(b, c // v_size, i, c % v_size, j))
     else:
-        total_y = reduce("attention_sum", [batch, hq, seq, v.size], [length], weighted)
+        total = reduce("attention_sum", [batch, hq, seq, v.size], [length], weighted)
     # Accumulated in ``work``; a reduce's own dtype would round every term instead.
-    y = total_y if work == dtype else compute("attention", total_y.shape,
-                                              lambda *i: total_y[i], dtype)
+    if p.work == p.dtype:
+        return total
+    return compute("attention", total.shape, lambda *i: total[i], p.dtype)
 
-    outputs = [y]
-    if ctx.num_outputs > 1:
-        for new, present, what in ((k, present_key, "key"), (v, present_value, "value")):
-            if present is None:  # no past: the present is K or V itself, as 4-D
-                present = compute(f"present_{what}", [new.batch, new.heads, new.seq, new.size],
-                                  lambda b, h, s, d, new=new: new(b, h, s, d))
-            outputs.append(present)
-    if ctx.num_outputs > 3:
-        mode = int(ctx.attr("qk_matmul_output_mode", _QK_RAW))
-        chosen = {_QK_RAW: capped, _QK_SOFTCAP: capped, _QK_BIAS: logits,
-                  _QK_SOFTMAX: probs}.get(mode)
-        if chosen is None:
-            raise ctx.error(f"qk_matmul_output_mode must be 0, 1, 2 or 3, got {mode}")
-        outputs.append(compute("qk_matmul_output", shape, lambda *i: chosen[i]))
-    return outputs
+
+def _present(new: _Heads, present: Compute | None, what: str) -> Compute:
+    """The present_key / present_value output; without a past it is K or V, as 4-D."""
+    if present is not None:
+        return present
+    return compute(f"present_{what}", [new.batch, new.heads, new.seq, new.size],
+                   lambda b, h, s, d: new(b, h, s, d))
+
+
+def _qk_output(ctx: OpContext, shape: list, capped: Compute, logits: Compute,
+               probs: Compute) -> Compute:
+    """The fourth output, the intermediate that qk_matmul_output_mode chooses."""
+    mode = int(ctx.attr("qk_matmul_output_mode", _QK_RAW))
+    chosen = {_QK_RAW: capped, _QK_SOFTCAP: capped, _QK_BIAS: logits,
+              _QK_SOFTMAX: probs}.get(mode)
+    if chosen is None:
+        raise ctx.error(f"qk_matmul_output_mode must be 0, 1, 2 or 3, got {mode}")
+    return compute("qk_matmul_output", shape, lambda *i: chosen[i])
 
 
 def _bias(ctx: OpContext, batch, heads: int, seq, length, work):

@@ -34,7 +34,8 @@ from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, compute
 from treadle.ir.expr import (Buffer, Const, Expr, Load, Var, as_expr, call, cast, eq,
                              maximum, minimum, select)
-from treadle.schedule.rules import Kernel, canonical_kernel
+from treadle.schedule.kernel import Kernel
+from treadle.schedule.rules import canonical_kernel
 
 Activation = Callable[[Expr], Expr]
 

@@ -15,7 +15,8 @@ from treadle.graph.ops.transform import _dims, known_scalar
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, combine, identity_of, reduce
 from treadle.ir.expr import as_expr, select
-from treadle.schedule.rules import Kernel, canonical_kernel
+from treadle.schedule.kernel import Kernel
+from treadle.schedule.rules import canonical_kernel
 
 OPS = {"CumSum": "sum", "CumProd": "prod"}
 

@@ -28,7 +28,8 @@ from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, combine, compute, identity_of, reduce
 from treadle.ir.expr import Buffer, Expr, as_expr, cast, eq, logical_and, select
 from treadle.ir.mapping import unravel
-from treadle.schedule.rules import Kernel, canonical_kernel
+from treadle.schedule.kernel import Kernel
+from treadle.schedule.rules import canonical_kernel
 
 SCATTER_REDUCTIONS = {"none": None, "add": "sum", "mul": "prod", "max": "max", "min": "min"}
 

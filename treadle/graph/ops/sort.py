@@ -26,7 +26,8 @@ from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, compute
 from treadle.ir.expr import Buffer, Expr, Load, as_expr, cast, minimum, ne, select
 from treadle.ir.mapping import unravel
-from treadle.schedule.rules import Kernel, canonical_kernel
+from treadle.schedule.kernel import Kernel
+from treadle.schedule.rules import canonical_kernel
 
 
 # Insertion into the outputs takes about k * k * log(length / k) steps a line on data in

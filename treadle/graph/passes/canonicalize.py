@@ -26,6 +26,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from treadle.graph.graph import Graph
+from treadle.graph.known import small_contents
 from treadle.graph.operator import Operator, apply
 from treadle.errors import ModelError
 from treadle.graph.ops.transform import index_bounds, out_of_range
@@ -33,7 +34,6 @@ from treadle.graph.passes.attention import decompose_attention
 from treadle.graph.passes.channels_last import grouped_gemm
 from treadle.graph.passes.conv_transpose import decompose_conv_transpose, zero_padded
 from treadle.graph.passes.fission import Primitives
-from treadle.graph.passes.fold_constants import small_contents
 from treadle.graph.rewrite import consumers, reapply, rewrite_graph, sole_reader
 from treadle.graph.tensor import Tensor, constant
 

@@ -33,8 +33,7 @@ from treadle.graph.ops.shape import dims_tensor
 from treadle.graph.ops.transform import transpose_perm
 from treadle.graph.rewrite import rewrite_graph
 from treadle.graph.tensor import Dim, Tensor, constant
-from treadle.schedule.templates.dot_cpu import VECTOR_ELEMENTS
-from treadle.schedule.templates.gemm import MIN_GEMM_COLUMNS
+from treadle.schedule.templates.thresholds import MIN_GEMM_COLUMNS, VECTOR_ELEMENTS
 
 LAYERS = ("Conv", "MaxPool", "AveragePool")
 GLOBAL_POOLS = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}

@@ -2,77 +2,61 @@
 
 Small integer results are often known already (``Tensor.value``, derived from the
 compute definition), even when their inputs are not constants, as for the shape of an
-input; anything else is computed by compiling and running the operator itself, so folding uses the same single definition of each operator as inference does.
-Results larger than ``MAX_FOLD_BYTES`` stay computed at run time rather than bloat the
-model.
+input. Anything else is computed from the operator's own compute definition, the single
+definition inference uses too: evaluated in numpy (``graph.known``) when that is quick,
+and otherwise by ``run``, which the driver hands in to compile and run the operators
+(this layer never compiles). Without a ``run``, or for results larger than
+``MAX_FOLD_BYTES``, operators stay computed at run time rather than bloat the model.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import functools
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from treadle.graph.graph import Graph
+from treadle.graph.known import Budget, evaluate_operator, known_ints
 from treadle.graph.operator import Operator
 from treadle.graph.partition import CHECKING
 from treadle.graph.rewrite import reapply, rewrite_graph
-from treadle.graph.tensor import MAX_KNOWN, Tensor, constant
+from treadle.graph.tensor import Tensor
 
 MAX_FOLD_BYTES = 256 << 20
 
+# Computes the outputs of a graph without inputs, made of constant-only operators.
+Run = Callable[[Graph], list[np.ndarray]]
 
-def fold_constants(graph: Graph) -> Graph:
-    return rewrite_graph(graph, _fold)
+
+def fold_constants(graph: Graph, run: Optional[Run] = None) -> Graph:
+    return rewrite_graph(graph, functools.partial(_fold, run=run))
 
 
-def _fold(node: Operator, inputs: list[Optional[Tensor]]) -> Optional[Sequence[Tensor]]:
+def _fold(node: Operator, inputs: list[Optional[Tensor]], run: Optional[Run]
+          ) -> Optional[Sequence[Tensor]]:
     outputs = reapply(node, inputs)
     # A check's output is its input, known or not; replaced by it, the check (of an index
     # against a symbolic size) would never run.
-    if all(_known_ints(t) for t in outputs) and node.op_type not in CHECKING:
+    if all(known_ints(t) for t in outputs) and node.op_type not in CHECKING:
         # Known element by element (shape arithmetic), whatever the inputs are.
         arrays = [np.array(t.value, t.dtype.numpy).reshape(t.shape) for t in outputs]
-    elif (_all_constant(inputs) and all(t.is_static for t in outputs)
-          and _bytes(outputs) <= MAX_FOLD_BYTES):
-        arrays = _run(outputs)
+    elif _all_constant(inputs) and all(t.is_static for t in outputs):
+        arrays = _compute(outputs, run)
     else:
+        arrays = None
+    if arrays is None:
         return None
     return [Tensor(t.name, t.dtype, t.shape, data) for t, data in zip(outputs, arrays)]
 
 
-def small_contents(t: Tensor) -> Optional[np.ndarray]:
-    """The contents of a constant, or of a small static tensor computed from constants
-    alone, which value tracking does not follow through float arithmetic (a window's length
-    computed in float): an op definition may need them before any folding pass has run.
-    An integer tensor keeps them as its value."""
-    if t.is_constant:
-        return t.data
-    if t.value is not None and all(isinstance(v, int) for v in t.value):
-        return np.array(t.value, t.dtype.numpy).reshape(t.shape)
-    leaves: dict[int, Tensor] = {}
-    if not (t.is_static and int(np.prod(t.shape)) <= MAX_KNOWN and _from_known(t, leaves)):
-        return None
-    data = _run([t], list(leaves.values()))[0]
-    if t.dtype.is_integer or t.dtype.is_bool:
-        t.value = tuple(v.item() for v in data.reshape(-1))
-    return data
-
-
-def _from_known(t: Tensor, leaves: dict[int, Tensor]) -> bool:
-    """Whether ``t`` is computed from constants and from tensors whose contents are known
-    ints (a static size read through Shape, then halved in float: MobileViT's patch
-    count), which ``leaves`` collects."""
-    if t.is_constant:
-        return True
-    if _known_ints(t):
-        leaves[id(t)] = t
-        return True
-    return t.producer is not None and all(
-        _from_known(x, leaves) for x in t.producer.inputs if x is not None)
-
-
-def _known_ints(t: Tensor) -> bool:
-    return t.is_static and t.value is not None and all(isinstance(v, int) for v in t.value)
+def _compute(outputs: Sequence[Tensor], run: Optional[Run]) -> Optional[list[np.ndarray]]:
+    """The contents of one operator's outputs, whose inputs are constants."""
+    op = outputs[0].producer
+    arrays = evaluate_operator(op, [None if t is None else t.data for t in op.inputs],
+                               Budget())
+    if arrays is None and run is not None and _bytes(outputs) <= MAX_FOLD_BYTES:
+        arrays = run(Graph.from_outputs([], list(outputs), "fold"))
+    return arrays
 
 
 def _all_constant(inputs: Sequence[Optional[Tensor]]) -> bool:
@@ -82,28 +66,3 @@ def _all_constant(inputs: Sequence[Optional[Tensor]]) -> bool:
 
 def _bytes(tensors: Sequence[Tensor]) -> int:
     return sum(int(np.prod(t.shape)) * t.dtype.numpy.itemsize for t in tensors)
-
-
-def _run(outputs: Sequence[Tensor], known: Sequence[Tensor] = ()) -> list[np.ndarray]:
-    """``outputs`` computed from constants, and from the ``known`` tensors' contents."""
-    from treadle.compiler import compile_graph
-    if known:
-        outputs = _over_constants(outputs, known)
-    return compile_graph(Graph.from_outputs([], list(outputs), "fold"), optimize_graph=False)()
-
-
-def _over_constants(outputs: Sequence[Tensor], known: Sequence[Tensor]) -> list[Tensor]:
-    """``outputs`` computed again with the ``known`` tensors as constants of their
-    contents, so that nothing before them is computed."""
-    copies = {id(t): constant(np.array(t.value, t.dtype.numpy).reshape(t.shape), t.name,
-                              t.dtype) for t in known}
-
-    def copy(t: Tensor) -> Tensor:
-        if t.is_constant:
-            return t
-        if id(t) not in copies:
-            op = t.producer
-            inputs = [None if x is None else copy(x) for x in op.inputs]
-            copies[id(t)] = reapply(op, inputs)[op.outputs.index(t)]
-        return copies[id(t)]
-    return [copy(t) for t in outputs]

@@ -23,16 +23,17 @@ fuse into it as into any kernel.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from treadle.graph.operator import Operator, register
+from treadle.graph.operator import Operator
+from treadle.graph.ops.orchestrated import AttentionParts
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, reachable
 from treadle.ir.dtypes import boolean, float32
 from treadle.ir.expr import Buffer, Const, Expr, Load, Var, as_expr, minimum
 from treadle.ir.functor import rewrite, substitute, walk
 from treadle.ir.mapping import unravel
-from treadle.schedule.rules import Inliner, Kernel, canonical_kernel
+from treadle.schedule.kernel import Kernel
+from treadle.schedule.rules import Inliner, canonical_kernel
 from treadle.schedule.templates.gemm.micro_kernel import RegisterTile, register_tile
 from treadle.target.cpu import CpuTarget
 
@@ -41,28 +42,6 @@ from treadle.target.cpu import CpuTarget
 MICRO_ROWS = 6
 VECTORS = {32: 4, 16: 2}
 MAX_BLOCKS = 4  # register tiles of rows in a block of query rows
-
-
-@dataclass(frozen=True, eq=False)
-class AttentionParts:
-    """The computes of ``softmax(logits(Q Kᵀ)) V`` as the fused operator holds them:
-    ``scores`` the first product (batch..., query, key; summed over the head's depth),
-    ``logits`` the element-wise work on the scores (or ``scores`` itself), ``weights``
-    the exponentials of the logits less their row maximum ``maximum``, ``total`` their
-    row sum, ``product`` the weights times V (batch..., query, value) and ``out`` the
-    product divided by the total."""
-    scores: Compute
-    logits: Compute
-    maximum: Compute
-    weights: Compute
-    total: Compute
-    product: Compute
-    out: Compute
-
-
-@register("FusedAttention", internal=True)
-def _fused_attention(ctx):
-    raise ctx.unsupported("a fused attention kernel is made by the orchestrator, not applied")
 
 
 def _sizes(parts: AttentionParts) -> tuple[list[int], int, int, int, int]:

@@ -27,16 +27,16 @@ from treadle.ir.dtypes import float32, vector
 from treadle.ir.expr import Buffer, Expr, Load, broadcast, call, ceil_div, minimum
 from treadle.ir.functor import free_vars, substitute
 from treadle.ir.mapping import unravel
-from treadle.schedule.rules import Kernel, canonical_kernel
+from treadle.schedule.kernel import Kernel
+from treadle.schedule.rules import canonical_kernel
 from treadle.schedule.template import Fixed, FixedTemplate
-from treadle.schedule.templates.gemm import MIN_GEMM_COLUMNS, match_gemm_output, with_constants
+from treadle.schedule.templates.gemm import match_gemm_output, with_constants
 from treadle.schedule.templates.gemm.pattern import (GemmPattern, declare_parameters, f32,
                                                      left_value, product, role_extents)
+from treadle.schedule.templates.thresholds import MIN_GEMM_COLUMNS, VECTOR_ELEMENTS
 from treadle.target.cpu import CpuTarget
 
 MAX_ROWS = 7  # of a register tile: 8 rows by 3 columns spilled (3x slower)
-# K's innermost axis must fill whole vectors of the narrowest kind (AVX2's 8 floats).
-VECTOR_ELEMENTS = 8
 
 
 @dataclass(frozen=True)

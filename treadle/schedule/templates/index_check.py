@@ -15,7 +15,8 @@ from treadle.graph.ops.transform import index_bounds, out_of_range
 from treadle.ir import dtypes
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.expr import as_expr, cast, logical_and
-from treadle.schedule.rules import Kernel, canonical_kernel
+from treadle.schedule.kernel import Kernel
+from treadle.schedule.rules import canonical_kernel
 
 
 def schedule_index_check(op: Operator, name: str) -> Kernel:

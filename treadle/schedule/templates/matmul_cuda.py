@@ -30,10 +30,14 @@ from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Expr, Load, logical_and
 from treadle.ir.functor import free_vars, substitute, walk
 from treadle.ir.mapping import repeat, spatial, unravel
-from treadle.schedule.rules import Kernel, canonical_kernel
+from treadle.schedule.kernel import Kernel
+from treadle.schedule.rules import canonical_kernel
+from treadle.schedule.templates.gemm import gemm_workload
 from treadle.schedule.templates.gemm.pattern import (GemmPattern, declare_parameters,
                                                      match_gemm_output, product, role_extents)
+from treadle.schedule.tiling import State, TilingProblem
 from treadle.target.cuda import CudaTarget
+from treadle.target.memory import MemoryHierarchy
 
 ELEMENT_BYTES = 4
 GROUP = 4  # a thread's rows and columns come in runs of this many (one 128-bit word)
@@ -63,6 +67,11 @@ class MatmulCudaConfig:
     def shared_bytes(self) -> int:
         return (self.stages * self.block_k * (self.block_m + self.block_n + 2 * PAD)
                 * ELEMENT_BYTES)
+
+    @property
+    def tile_registers(self) -> int:
+        """Registers of a thread's accumulators and the A column and B row they multiply."""
+        return self.thread_m * self.thread_n + self.thread_m + self.thread_n
 
     @property
     def loads_per_thread(self) -> tuple[int, int]:
@@ -129,8 +138,7 @@ class MatmulCudaTemplate:
              f"{cfg.shared_bytes} bytes of shared memory exceed the "
              f"{target.shared_bytes_per_block} of a block"),
             (cfg.stages in (1, 2), f"stages must be 1 or 2, got {cfg.stages}"),
-            (cfg.thread_m * cfg.thread_n + cfg.thread_m + cfg.thread_n
-             + sum(cfg.loads_per_thread) <= MAX_TILE_REGISTERS,
+            (cfg.tile_registers + sum(cfg.loads_per_thread) <= MAX_TILE_REGISTERS,
              "the thread tile and staged loads need too many registers"),
         ]
         for ok, rule in rules:
@@ -144,6 +152,24 @@ class MatmulCudaTemplate:
 
     def emit(self, resolved: ResolvedMatmulCuda, name: str) -> Kernel:
         return _emit(resolved, name)
+
+    def workload(self, pattern: GemmPattern) -> str:
+        return gemm_workload(pattern)
+
+    # What schedule construction asks of a template (schedule.template.Constructible):
+    # in matmul_cuda_construction, imported here when used because it imports this module.
+    def tiling_problem(self, pattern: GemmPattern, target: CudaTarget) -> TilingProblem:
+        from treadle.schedule.templates.matmul_cuda_construction import matmul_problem
+        return matmul_problem(pattern, target)
+
+    def constructed_config(self, state: State) -> MatmulCudaConfig:
+        from treadle.schedule.templates.matmul_cuda_construction import matmul_config
+        return matmul_config(state)
+
+    def predicted_seconds(self, resolved: ResolvedMatmulCuda, memory: MemoryHierarchy
+                          ) -> float:
+        from treadle.schedule.templates.matmul_cuda_construction import matmul_seconds
+        return matmul_seconds(resolved, memory)
 
 
 MATMUL_CUDA = MatmulCudaTemplate()

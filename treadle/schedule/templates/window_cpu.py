@@ -33,7 +33,8 @@ from treadle.ir.interval import Interval
 from treadle.ir.mapping import unravel
 from treadle.ir.simplify import simplify_expr
 from treadle.ir.stmt import Assert, DeclBuffer, For, Function, If, Let, Seq, Stmt, Store
-from treadle.schedule.rules import Inliner, Kernel, canonical_kernel, split_epilogue
+from treadle.schedule.kernel import Kernel
+from treadle.schedule.rules import Inliner, canonical_kernel, split_epilogue
 
 # Window points (see _too_many_points): a 1-D reduction longer than MAX_WINDOW is a row's
 # sum, better vectorised along itself by the rule-based loops; 2-D windows up to 13 x 13

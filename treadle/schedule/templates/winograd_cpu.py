@@ -32,7 +32,8 @@ from treadle.ir.expr import (Buffer, Const, Expr, Load, as_expr, ceil_div, logic
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.mapping import unravel
 from treadle.ir.simplify import simplify_expr
-from treadle.schedule.rules import Kernel, canonical_kernel, split_epilogue
+from treadle.schedule.kernel import Kernel
+from treadle.schedule.rules import canonical_kernel, split_epilogue
 from treadle.schedule.templates.gemm.micro_kernel import RegisterTile, register_tile
 from treadle.target.cpu import CpuTarget
 

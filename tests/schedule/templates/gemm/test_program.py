@@ -14,7 +14,7 @@ from treadle.ir.expr import Buffer, Const, Var, logical_and, maximum, select
 from treadle.ir.functor import evaluate, walk
 from treadle.ir.stmt import DeclBuffer, For
 from treadle.ir.lower import lower
-from treadle.runtime.module import compile_function
+from treadle.runtime.build import compile_function
 from treadle.ir.tabulate import tabulate
 from treadle.schedule.templates.gemm import (GemmConfig, match_gemm, match_gemm_output,
                                              schedule_gemm, with_constants)
@@ -136,7 +136,7 @@ def test_register_tile_in_the_widest_vectors_a_row_fills(monkeypatch, flags):
                     GemmConfig(3, 96, 8, 1, 48)):
             kernel = build([a, b], c, cfg)
             wide = "avx512f" in flags and cfg.micro_n % 16 == 0
-            source = generate([lower(kernel.kernel.function)])
+            source = generate([lower(kernel.kernel.function, host())])
             assert ("_mm512_fmadd_ps" in source) == wide, cfg
             assert ("_mm256_fmadd_ps" in source) != wide, cfg
             out = np.full((m, n), np.nan, np.float32)

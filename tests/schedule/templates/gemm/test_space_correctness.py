@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from tests.harness import assert_close, random_array
-from treadle.compiler import build_functions
 from treadle.errors import ScheduleConfigError
 from treadle.ir.compute import reduce
 from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Var
+from treadle.runtime.build import build
 from treadle.schedule.templates.gemm import match_gemm, schedule_gemm
 from treadle.schedule.templates.gemm.space import gemm_space
 from treadle.target.cpu import host
@@ -33,7 +33,7 @@ def kernels(m, n, k):
 
 
 def check_all(functions, sizes):
-    compiled = build_functions(list(functions.values()), "space")
+    compiled = build(list(functions.values()), host(), "space")
     for cfg, function in functions.items():
         for m, n, k in sizes:
             a, b = random_array((m, k), seed=m), random_array((k, n), seed=n)

@@ -4,6 +4,7 @@ template protocol (``schedule.template``):
 
     pattern.py       match: the roles of the axes (batch, M, N, K) and the epilogue
     space.py         space: the hardware-centric configs of a tuning level
+    construction.py  construction: the tiling problem, a state's config, the latency model
     config.py        check: the rules every config keeps
     resolve.py       resolve: the config fitted to the problem, once
     program.py       emit: the program, from packing.py and micro_kernel.py
@@ -18,9 +19,10 @@ from treadle.graph.tensor import normalize_dim
 from treadle.ir.expr import Buffer, Expr, Load, as_expr
 from treadle.ir.functor import free_vars, walk
 from treadle.ir.printer import format_buffer_type, format_expr
-from treadle.schedule.rules import Kernel
+from treadle.schedule.kernel import Kernel
 from treadle.schedule.template import canonical_names
 from treadle.schedule.templates.gemm.config import GemmConfig, check_config
+from treadle.schedule.templates.gemm.construction import gemm_config, gemm_problem, gemm_seconds
 from treadle.schedule.templates.gemm.cost import Work, features, work
 from treadle.schedule.templates.gemm.pattern import (ROLES, GemmPattern, left_value,
                                                      match_gemm, match_gemm_output,
@@ -29,17 +31,15 @@ from treadle.schedule.templates.gemm.pattern import (ROLES, GemmPattern, left_va
 from treadle.schedule.templates.gemm.program import emit
 from treadle.schedule.templates.gemm.resolve import ResolvedGemm, resolve, sized_config
 from treadle.schedule.templates.gemm.space import gemm_space
+from treadle.schedule.templates.thresholds import MIN_GEMM_COLUMNS
 from treadle.schedule.templates.window_cpu import sliding_window
+from treadle.schedule.tiling import State, TilingProblem
 from treadle.target.cpu import CpuTarget, host
+from treadle.target.memory import MemoryHierarchy
 
-__all__ = ["GEMM", "GemmConfig", "GemmPattern", "GemmTemplate", "ResolvedGemm", "match_gemm",
-           "match_gemm_output", "schedule_gemm", "with_constants"]
+__all__ = ["GEMM", "GemmConfig", "GemmPattern", "GemmTemplate", "ResolvedGemm", "gemm_workload",
+           "match_gemm", "match_gemm_output", "schedule_gemm", "with_constants"]
 
-# Below this many output columns a GEMM tile is mostly padding (depthwise convolution,
-# matrix-vector products, a convolution to a few channels); the dot template (constant
-# columns, rows along K in whole vectors), the window template, the swapped product or
-# the rule-based loops serve those better.
-MIN_GEMM_COLUMNS = 8
 
 
 class GemmTemplate:
@@ -93,30 +93,44 @@ class GemmTemplate:
         return resolved.cfg.micro_n if resolved.panels is not None else None
 
     def workload(self, pattern: GemmPattern) -> str:
-        """The schedule-independent GEMM: the operands' dtypes and shapes, the roles of the
-        axes, the factors and the epilogue, every name replaced by its order of first
-        appearance."""
-        c = pattern.compute
-        used = {n.buffer for e in _sources(pattern) for n in walk(e) if isinstance(n, Load)}
-        operands = [b for b in pattern.inputs if b is not None and b in used]
-        out = pattern.output.buffer
-        text = "\n".join([
-            f"inputs: {'; '.join(f'{b.name}: {format_buffer_type(b)}' for b in operands)}",
-            f"output: {out.name}: {format_buffer_type(out)}",
-            f"batch: {_names(pattern.batch_axes)}", f"m: {_names(pattern.m_axes)}",
-            f"n: {_names(pattern.n_axes)}", f"axes: {_names(c.axes)}",
-            f"k: {_names(c.reduce_axes)} in {', '.join(map(format_expr, c.reduce_extents))}",
-            f"left: {format_expr(pattern.left)}", f"right: {format_expr(pattern.right)}",
-            f"epilogue: {format_expr(pattern.epilogue.value) if pattern.epilogue else '-'}"])
-        names = [b.name for b in operands] + [out.name, c.buffer.name]
-        names += [v.name for v in c.axes + c.reduce_axes]
-        if pattern.epilogue is not None:  # its own axes, numbered afresh by every compile
-            names += [v.name for v in pattern.epilogue.axes]
-        names += sorted(v.name for b in operands for d in b.shape for v in free_vars(d))
-        return canonical_names(text, names)
+        return gemm_workload(pattern)
+
+    # What schedule construction asks of a template (schedule.template.Constructible).
+    def tiling_problem(self, pattern: GemmPattern, target: CpuTarget) -> TilingProblem:
+        return gemm_problem(pattern, target)
+
+    def constructed_config(self, state: State) -> GemmConfig:
+        return gemm_config(state)
+
+    def predicted_seconds(self, resolved: ResolvedGemm, memory: MemoryHierarchy) -> float:
+        return gemm_seconds(resolved, memory)
 
 
 GEMM = GemmTemplate()
+
+
+def gemm_workload(pattern: GemmPattern) -> str:
+    """The schedule-independent GEMM, the workload text of every template of the GEMM
+    pattern: the operands' dtypes and shapes, the roles of the axes, the factors and the
+    epilogue, every name replaced by its order of first appearance."""
+    c = pattern.compute
+    used = {n.buffer for e in _sources(pattern) for n in walk(e) if isinstance(n, Load)}
+    operands = [b for b in pattern.inputs if b is not None and b in used]
+    out = pattern.output.buffer
+    text = "\n".join([
+        f"inputs: {'; '.join(f'{b.name}: {format_buffer_type(b)}' for b in operands)}",
+        f"output: {out.name}: {format_buffer_type(out)}",
+        f"batch: {_names(pattern.batch_axes)}", f"m: {_names(pattern.m_axes)}",
+        f"n: {_names(pattern.n_axes)}", f"axes: {_names(c.axes)}",
+        f"k: {_names(c.reduce_axes)} in {', '.join(map(format_expr, c.reduce_extents))}",
+        f"left: {format_expr(pattern.left)}", f"right: {format_expr(pattern.right)}",
+        f"epilogue: {format_expr(pattern.epilogue.value) if pattern.epilogue else '-'}"])
+    names = [b.name for b in operands] + [out.name, c.buffer.name]
+    names += [v.name for v in c.axes + c.reduce_axes]
+    if pattern.epilogue is not None:  # its own axes, numbered afresh by every compile
+        names += [v.name for v in pattern.epilogue.axes]
+    names += sorted(v.name for b in operands for d in b.shape for v in free_vars(d))
+    return canonical_names(text, names)
 
 
 def schedule_gemm(name: str, inputs: Sequence[Buffer | None], pattern: GemmPattern,

@@ -25,7 +25,8 @@ from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Expr, Load, call, ceil_div, eq
 from treadle.ir.functor import substitute
 from treadle.ir.mapping import spatial, unravel
-from treadle.schedule.rules import Kernel, canonical_kernel
+from treadle.schedule.kernel import Kernel
+from treadle.schedule.rules import canonical_kernel
 from treadle.schedule.templates.gemm.micro_kernel import Slice, register_tile, spill
 from treadle.schedule.templates.gemm.packing import (MacroTile, k_block, k_walk, pack_left,
                                                      pack_right, pack_whole_left,

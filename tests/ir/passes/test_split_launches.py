@@ -15,11 +15,12 @@ from treadle.ir.compute import compute, reduce
 from treadle.ir.expr import Buffer, Call, Var, call, cast
 from treadle.ir.functor import evaluate, walk
 from treadle.ir.lower import lower
+from treadle.ir.passes.split_launches import WARP, split_launches
 from treadle.runtime import cuda as cuda_runtime
+from treadle.runtime.cuda import device_target
 from treadle.runtime.simulate import simulate
-from treadle.schedule.launches import WARP, launches
 from treadle.schedule.rules import MIN_SPLIT_ELEMENTS, schedule_computes
-from treadle.target.cuda import ARCHS, cuda_target, device_target
+from treadle.target.cuda import ARCHS, cuda_target
 
 TARGET = cuda_target("sm_80")
 f32 = dtypes.float32
@@ -52,7 +53,7 @@ def layer_norm():
 def run(kernel, arrays, **symbols):
     """Simulates every launch of ``kernel`` in order on ``arrays`` (its buffer parameters,
     workspaces included, filled with NaN where not given)."""
-    funcs = [lower(f, TARGET) for f in launches(kernel.function)]
+    funcs = [lower(f, TARGET) for f in split_launches(kernel.function)]
     for func in funcs:
         launch_shape(func)
         simulate(func, *arrays, **symbols)
@@ -158,7 +159,7 @@ def test_a_fused_instance_norm_launches_each_parallel_loop_as_a_grid(height, tmp
 def test_every_launch_compiles_with_nvcc(arch, tmp_path):
     target = cuda_target(arch)
     kernels = [softmax(), layer_norm()]
-    funcs = [lower(f, target) for k in kernels for f in launches(k.function)]
+    funcs = [lower(f, target) for k in kernels for f in split_launches(k.function)]
     with override(cache_dir=tmp_path):
         binary = build_cuda(funcs, target, "rules")
     assert len(binary.resources) == len(funcs)
@@ -174,7 +175,7 @@ def test_on_the_gpu_softmax_and_layer_norm_match_numpy(rows, cols, tmp_path):
     cases = [(softmax(), [x], e / e.sum(axis=1, keepdims=True)),
              (layer_norm(), [x, g], ((x - mean) / np.sqrt(var + 1e-5) * g).astype(np.float32))]
     for kernel, inputs, expected in cases:
-        funcs = [lower(f, target) for f in launches(kernel.function)]
+        funcs = [lower(f, target) for f in split_launches(kernel.function)]
         with override(cache_dir=tmp_path):
             binary = build_cuda(funcs, target, kernel.function.name)
         y = np.full_like(x, np.nan)

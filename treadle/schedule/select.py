@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from treadle.graph.operator import Operator
-from treadle.schedule.rules import Kernel, schedule_computes
+from treadle.schedule.kernel import Kernel
+from treadle.schedule.rules import schedule_computes
 from treadle.schedule.template import FixedTemplate, Template, default_point
 from treadle.schedule.templates.attention_cpu import schedule_attention
 from treadle.schedule.templates.dot_cpu import DOT
@@ -22,7 +23,7 @@ from treadle.schedule.templates.index_check import schedule_index_check
 from treadle.schedule.templates.matmul_cuda import MATMUL_CUDA
 from treadle.schedule.templates.window_cpu import match_window, schedule_window
 from treadle.schedule.templates.winograd_cpu import schedule_winograd
-from treadle.target.cpu import CpuTarget, host
+from treadle.target import Target
 
 
 class OwnTemplate(FixedTemplate):
@@ -93,12 +94,12 @@ class RulesTemplate(FixedTemplate):
 TEMPLATES: dict[str, tuple[Template, ...]] = {
     "cpu": (HandWrittenTemplate(), WinogradTemplate(), IndexCheckTemplate(),
             AttentionTemplate(), DOT, GEMM, WindowTemplate(), RulesTemplate()),
-    # On CUDA the rules' parallel loops become launches (schedule.launches).
+    # On CUDA the rules' parallel loops become launches (ir.passes.split_launches).
     "cuda": (HandWrittenTemplate(), IndexCheckTemplate(), MATMUL_CUDA, RulesTemplate()),
 }
 
 
-def select_template(op: Operator, target: CpuTarget) -> tuple[Template, Any]:
+def select_template(op: Operator, target: Target) -> tuple[Template, Any]:
     """The template that schedules ``op`` on ``target``, and what it matched."""
     for template in TEMPLATES[target.kind]:
         pattern = template.match(op)
@@ -107,9 +108,15 @@ def select_template(op: Operator, target: CpuTarget) -> tuple[Template, Any]:
     raise AssertionError("the rule-based template takes every operator")
 
 
-def schedule_operator(op: Operator, name: str, target: CpuTarget | None = None) -> Kernel:
+def takes_as_its_own(op_type: str, target: Target) -> bool:
+    """Whether one of ``target``'s templates schedules operators of ``op_type`` by name
+    (the orchestrator fuses an attention into one operator only where one does)."""
+    return any(isinstance(t, OwnTemplate) and t.op_type == op_type
+               for t in TEMPLATES[target.kind])
+
+
+def schedule_operator(op: Operator, name: str, target: Target) -> Kernel:
     """``op``'s kernel at the level-0 point of its template."""
-    target = target or host()
     template, pattern = select_template(op, target)
     _, resolved = default_point(template, pattern, target)
     return template.emit(resolved, name)

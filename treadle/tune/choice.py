@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from treadle.schedule.template import Template, default_point, valid_points
-from treadle.target.cpu import CpuTarget, host
+from treadle.target import Target
 from treadle.tune.construct import construct
 from treadle.tune.measure import measure_functions
 from treadle.tune.records import Record, load_record, store_record, workload_text
@@ -47,11 +47,10 @@ class Choice:
 
 
 def choose(template: Template, pattern: Any, name: str, level: int | str,
-           target: CpuTarget | None = None) -> Choice:
+           target: Target) -> Choice:
     """The config of ``template`` for ``pattern`` at tuning ``level`` (see LEVELS)."""
     if level not in LEVELS:
         raise ValueError(f"tuning level {level!r}: expected one of {LEVELS}")
-    target = target or host()
     default = Choice(template, *default_point(template, pattern, target), "default")
     if level == 0 or template.config_type is None:  # nothing to choose
         return default
@@ -73,7 +72,7 @@ def choose(template: Template, pattern: Any, name: str, level: int | str,
         points = distinct_points(template, pattern, level, target, first=default)
     if len(points) < 2:
         return default
-    timings = _measure(template, name, points)
+    timings = _measure(template, name, points, target)
     measured = [(p, t) for p, t in zip(points, timings) if t is not None]
     if not measured:
         log.warning("tuning %s: every candidate failed; using the level-0 point", name)
@@ -92,14 +91,14 @@ def choose(template: Template, pattern: Any, name: str, level: int | str,
 _CONSTRUCTED: dict[str, Any] = {}
 
 
-def _constructed(template: Template, pattern: Any, target: CpuTarget) -> Any:
+def _constructed(template: Template, pattern: Any, target: Target) -> Any:
     key = workload_text(template, pattern, "construct", target)
     if key not in _CONSTRUCTED:
         _CONSTRUCTED[key] = construct(template, pattern, target)[0][0]
     return _CONSTRUCTED[key]
 
 
-def distinct_points(template: Template, pattern: Any, level: int, target: CpuTarget,
+def distinct_points(template: Template, pattern: Any, level: int, target: Target,
                     first: Choice | None = None) -> list[tuple[Any, Any]]:
     """(config, resolved) of the level's space, one per distinct resolved value (the
     first config that reaches it), with ``first``'s point ahead of the others."""
@@ -112,13 +111,14 @@ def distinct_points(template: Template, pattern: Any, level: int, target: CpuTar
     return [(config, resolved) for resolved, config in unique.items()]
 
 
-def _measure(template: Template, name: str, points: list[tuple[Any, Any]]
+def _measure(template: Template, name: str, points: list[tuple[Any, Any]], target: Target
              ) -> list[float | None]:
     """Median seconds of each point's program (None where it failed)."""
     functions = [template.emit(resolved, name).function for _, resolved in points]
     labels = [f"of {name} ({config})" for config, _ in points]
     with measurement_progress(len(functions), name) as bar:
-        return measure_functions(functions, progress=bar.update, labels=labels)
+        return measure_functions(functions, target=target, progress=bar.update,
+                                 labels=labels)
 
 
 def measurement_progress(total: int, name: str):

@@ -35,14 +35,15 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from treadle.errors import TreadleError, UnsupportedOpError
 from treadle.frontend.torch import from_aten, tensor_of, torch_dtype, versions
 
-OPTIONS = ("tune", "orchestrate", "dynamic")
+OPTIONS = ("tune", "orchestrate", "dynamic", "target")
 
 
 def treadle_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                     options: Optional[Mapping[str, Any]] = None) -> Callable:
-    """The dynamo backend. ``options`` go to ``treadle.compile``: ``tune`` and
-    ``orchestrate`` as they are, ``dynamic`` as the size range (``(1, 512)``) or sizes
-    every symbolic dimension of the graph is tuned for."""
+    """The dynamo backend. ``options`` go to ``treadle.compile``: ``tune``,
+    ``orchestrate`` and ``target`` (``"cpu"``, ``"cuda"``) as they are, ``dynamic`` as the
+    size range (``(1, 512)``) or sizes every symbolic dimension of the graph is tuned
+    for."""
     options = dict(options or {})
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
@@ -256,7 +257,7 @@ def _compile_piece(piece: torch.fx.GraphModule, constants: Mapping[str, torch.Te
         dynamic = _ranges(graph, options.get("dynamic"))
         model = treadle.compile(graph, tune=options.get("tune", 0),
                                 orchestrate=options.get("orchestrate", False),
-                                dynamic=dynamic)
+                                dynamic=dynamic, target=options.get("target", "cpu"))
     except UnsupportedOpError as err:
         warnings.warn(f"treadle runs part of the graph in eager: {err}", stacklevel=4)
         return piece

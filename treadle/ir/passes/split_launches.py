@@ -29,13 +29,12 @@ from treadle.ir.expr import Const, Var, call, ceil_div, const, eq
 from treadle.ir.functor import rewrite, walk
 from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, For, Function, If, Let,
                              Seq, Stmt, Store)
-from treadle.schedule.rules import reduction_parts
 
 THREADS = 256
 WARP = 32
 
 
-def launches(func: Function) -> list[Function]:
+def split_launches(func: Function) -> list[Function]:
     """``func`` as the CUDA kernels that compute it, in launch order."""
     items = _statements(func.body)
     preamble: list[Stmt] = []
@@ -186,3 +185,15 @@ def _lane_zero_stores(body: Stmt, lane: Var) -> Stmt:
             return If(eq(lane, 0), node)
         return None
     return rewrite(body, visit)
+
+
+def reduction_parts(stmt: Stmt) -> tuple[DeclBuffer, Store, Stmt, Store] | None:
+    """The parts of one element of a reduction as ``_element`` writes it (the
+    accumulator's declaration, its initialisation, the loops accumulating into it, the
+    store of the result), for schedules that rearrange them; None for anything else."""
+    if not (isinstance(stmt, Seq) and len(stmt.stmts) == 4
+            and isinstance(stmt.stmts[0], DeclBuffer)):
+        return None
+    decl, init, loops, store = stmt.stmts
+    accumulates = any(isinstance(n, Accumulate) and n.buffer == decl.buffer for n in walk(loops))
+    return (decl, init, loops, store) if accumulates else None

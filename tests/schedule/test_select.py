@@ -7,7 +7,7 @@ from tests.harness import assert_close, random_array
 from treadle.errors import ScheduleConfigError
 from treadle.graph.operator import apply
 from treadle.graph.tensor import Tensor, constant
-from treadle.schedule.operator import TEMPLATES, schedule_operator, select_template
+from treadle.schedule.select import TEMPLATES, schedule_operator, select_template
 from treadle.schedule.template import default_point, valid_points
 from treadle.schedule.templates.gemm import GEMM, GemmConfig, GemmTemplate
 from treadle.schedule.templates.gemm.space import gemm_space
@@ -61,7 +61,7 @@ def test_schedule_operator_builds_the_level_zero_kernel():
     from tests.schedule.templates.gemm.test_program import runner
     x = random_array((7, 13), seed=2)
     op = producer("Softmax", [Tensor("s", "float32", [7, 13])])
-    run = runner(schedule_operator(op, "softmax"))
+    run = runner(schedule_operator(op, "softmax", host()))
     out = np.full((7, 13), np.nan, np.float32)
     run(x, out)
     e = np.exp(x - x.max(axis=-1, keepdims=True))

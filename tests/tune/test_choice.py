@@ -1,6 +1,6 @@
-"""The exhaustive tuner, through the template protocol: picks the measured-fastest distinct
-point, stores it, and serves later lookups — including a whole second compile — from the
-record without measuring."""
+"""Choosing a config through the template protocol: exhaustive tuning picks the
+measured-fastest distinct point, stores it, and serves later lookups (a whole second
+compile too) from the record without measuring."""
 import json
 import logging
 from dataclasses import replace
@@ -20,7 +20,7 @@ from treadle.ir.expr import Buffer, Var
 from treadle.schedule.templates.gemm import GEMM, GemmConfig, GemmTemplate, match_gemm
 from treadle.schedule.templates.gemm.space import gemm_space
 from treadle.target.cpu import host
-from treadle.tune import exhaustive
+from treadle.tune import choice as tuner
 from treadle.tune.records import load_record, workload_text
 
 SPACE = [GemmConfig(12, 16, 32, 6, 16), GemmConfig(24, 32, 64, 6, 16),
@@ -44,9 +44,9 @@ class FakeClock:
 
     def __init__(self, monkeypatch, times):
         self.times, self.calls = times, 0
-        monkeypatch.setattr(exhaustive, "measure_functions", self)
+        monkeypatch.setattr(tuner, "measure_functions", self)
 
-    def __call__(self, functions, progress=lambda n: None, labels=None):
+    def __call__(self, functions, target, progress=lambda n: None, labels=None):
         self.calls += 1
         assert len(functions) == len(self.times)
         progress(len(functions))
@@ -60,7 +60,7 @@ def matmul(k=40):
 
 
 def choose(pattern, level):
-    return exhaustive.choose(GEMM, pattern, "g", level, host())
+    return tuner.choose(GEMM, pattern, "g", level, host())
 
 
 def record_of(pattern, level=1):
@@ -93,12 +93,12 @@ def test_points_that_resolve_alike_are_measured_once(cache, monkeypatch):
     pattern = replace(match_gemm(reduce("c", [5, 24], [40], lambda i, j, r: a[i, r] * b[r, j])),
                       inputs=(a, b))
     space = gemm_space(2, host())
-    points = exhaustive.distinct_points(GEMM, pattern, 2, host())
+    points = tuner.distinct_points(GEMM, pattern, 2, host())
     assert emitted == []
     assert len(points) < len(space)
     assert len({resolved for _, resolved in points}) == len(points)
     clock = FakeClock(monkeypatch, [1e-3] + [2e-3] * (len(points) - 1))
-    exhaustive.choose(GEMM, pattern, "g", 2, host())  # the level-0 point is in the space
+    tuner.choose(GEMM, pattern, "g", 2, host())  # the level-0 point is in the space
     assert clock.calls == 1 and len(emitted) == len(points)
 
 
@@ -173,8 +173,8 @@ def two_layer_model():
 
 def test_second_compile_is_served_from_records(cache, small_space, monkeypatch):
     measured = []
-    real = exhaustive.measure_functions
-    monkeypatch.setattr(exhaustive, "measure_functions",
+    real = tuner.measure_functions
+    monkeypatch.setattr(tuner, "measure_functions",
                         lambda functions, **kw: measured.append(len(functions))
                         or real(functions, **kw))
     model, w = two_layer_model()
@@ -204,9 +204,9 @@ def test_construct_and_measure_times_the_best_constructed_points(cache, monkeypa
     """The level-0 point and up to TOP_K constructed ones are measured; the winner is
     recorded and replayed like a tuned one."""
     pattern = matmul(k=96)
-    ranked = exhaustive.construct(GEMM, pattern, host())
-    default = exhaustive.default_point(GEMM, pattern, host())
-    expected = 1 + len([p for p in ranked[:exhaustive.TOP_K] if p[1] != default[1]])
+    ranked = tuner.construct(GEMM, pattern, host())
+    default = tuner.default_point(GEMM, pattern, host())
+    expected = 1 + len([p for p in ranked[:tuner.TOP_K] if p[1] != default[1]])
     assert expected >= 2  # construction ranks other points than the level-0 one here
     clock = FakeClock(monkeypatch, [2e-3] + [1e-3] + [3e-3] * (expected - 2))
     choice = choose(pattern, "construct+measure")

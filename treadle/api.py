@@ -21,6 +21,7 @@ shapes the program gives their tensors, and cover every tensor no step writes.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -126,6 +127,7 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
             example_inputs=None, *, name: str | None = None, tune: int | str = 0,
             shapes: Mapping[str, Sequence] | None = None,
             dynamic: Mapping[str, object] | None = None,
+            dims: Mapping[str | int, Mapping[int, object]] | None = None,
             orchestrate: bool = False, target: str = "cpu"
             ) -> CompiledModel | SpecialisingModel:
     """Compiles an ONNX model (a file path, its serialized bytes or an ``onnx.ModelProto``),
@@ -135,18 +137,17 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
 
     ``tune`` picks how template schedules (matrix multiplications, convolutions) are
     chosen: 0 an analytic default for the target, 1 the fastest of a small measured space,
-    2 of the full space, ``"construct"`` one constructed from the target's memory hierarchy
-    without measuring (Gensor), ``"construct+measure"`` the fastest of a few constructed
-    ones. Measured results are recorded under the cache directory, so compiling the same
-    model again measures nothing. ``shapes`` fixes input shapes by name (for example
-    ``{"input_ids": [1, 128]}``), turning symbolic dimensions into numbers.
+    2 of the full space, ``"construct"`` one constructed without measuring (Gensor),
+    ``"construct+measure"`` the fastest of a few constructed ones; measured results are
+    recorded, so compiling the same model again measures nothing. ``shapes`` fixes input
+    shapes by name (``{"input_ids": [1, 128]}``), turning symbolic dimensions into numbers.
 
     ``dynamic`` declares the sizes a symbolic dimension takes, as ``{"seq": (1, 512)}``, a
     list of the sizes expected, or a ``{size: weight}`` histogram: the kernels whose sizes
     depend on it get a few variants tuned over the whole range at once and a dispatcher
     choosing among them at each call (DietCode; ``treadle.tune.dynamic``). Every size
-    still runs, in the range or out of it. For a torch module, ``dynamic`` instead names
-    its symbolic dimensions by argument and axis, ``{"input_ids": {1: "seq"}}`` (a
+    still runs, in the range or out of it. A torch module's symbolic dimensions are named
+    by ``dims``, by argument and axis: ``{"input_ids": {1: "seq"}}`` (a
     ``torch.export.Dim`` may stand for a name).
 
     ``orchestrate=True`` chooses the kernels as Korch does (``treadle.orchestrate``): the
@@ -155,9 +156,9 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
 
     ``target`` is ``"cpu"`` (this machine's processor) or ``"cuda"``: CUDA C for this
     machine's GPU, or where it has none for an sm_80 GPU (``"cuda:sm_90"`` names the
-    architecture). A CUDA model builds and saves anywhere nvcc is and runs where a GPU is;
-    without one, what needs measuring (``tune=1``) raises ``DeviceUnavailableError``,
-    while ``"construct"`` and orchestration (on estimated costs) still work.
+    architecture). It builds anywhere nvcc is and runs where a GPU is; without one, what
+    measures (``tune=1``) raises ``DeviceUnavailableError``, while ``"construct"`` and
+    orchestration (on estimated costs) work.
 
     An ONNX model whose shapes depend on the contents of small inputs (a Reshape's target
     shape given as a graph input) gives a ``SpecialisingModel``, compiled at the first call
@@ -166,29 +167,41 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
         raise ValueError(f"tune={tune!r}: expected one of {', '.join(map(repr, LEVELS))}")
     strategy = "orchestrate" if orchestrate else "greedy"
     device = _target(target)
+    ranges = _ranges(dynamic, tune)
     if _is_module(model):
         return CompiledModule(model, lambda: _compile_module(
-            model, example_inputs, dynamic, name, tune, shapes, strategy, device))
-    ranges = _ranges(example_inputs, dynamic, tune)
+            model, example_inputs, dims, name, tune, shapes, ranges, strategy, device))
+    if example_inputs is not None or dims is not None:
+        raise TypeError("example_inputs and dims are for torch modules; an ONNX model or a "
+                        "graph declares its inputs and names its dimensions")
+    compile_one = functools.partial(_compile, name=name, tune=tune, shapes=shapes,
+                                    ranges=ranges, strategy=strategy, target=device)
     try:
-        return _compile(model, name, tune, shapes, ranges, strategy, device)
+        return compile_one(model)
     except NeedsValueError as err:
-        from treadle.frontend.onnx import load_model
-        proto = None if isinstance(model, Graph) else load_model(model)
-        inputs = [] if proto is None else value_inputs(proto, err.tensor)
-        if not inputs:
-            raise
-        return SpecialisingModel(proto, inputs,
-                                 lambda bound: _compile(bound, name, tune, shapes, ranges,
-                                                       strategy, device),
-                                 name or proto.graph.name or "model")
+        return _specialising(model, err, compile_one, name)
 
 
-def _ranges(example_inputs, dynamic, tune: int | str) -> dict:
-    """The size ranges ``dynamic`` declares for a model that is not a torch module."""
-    if example_inputs is not None:
-        raise TypeError("example_inputs are for torch modules; an ONNX model or a graph "
-                        "declares its inputs")
+def _specialising(model, err: NeedsValueError, compile_one: Callable, name: str | None
+                  ) -> SpecialisingModel:
+    """The model compiled per content of the inputs its shapes depend on, where the
+    value ``err`` needed is one of them."""
+    from treadle.frontend.onnx import load_model
+    proto = None if isinstance(model, Graph) else load_model(model)
+    inputs = [] if proto is None else value_inputs(proto, err.tensor)
+    if not inputs:
+        raise err
+    return SpecialisingModel(proto, inputs, compile_one, name or proto.graph.name or "model")
+
+
+def _ranges(dynamic, tune: int | str) -> dict:
+    """The size ranges ``dynamic`` declares, by symbol."""
+    named = [k for k, v in (dynamic or {}).items() if isinstance(v, Mapping)
+             and any(isinstance(d, str) or hasattr(d, "__name__") for d in v.values())]
+    if named:
+        raise ValueError(f"dynamic[{named[0]!r}] names dimensions: dynamic= gives size ranges "
+                         "by symbol ({'seq': (1, 128)}); a module's dimensions are named by "
+                         "dims= ({'x': {1: 'seq'}})")
     ranges = size_ranges(dynamic) if dynamic else {}
     if ranges and isinstance(tune, str):
         raise ValueError(f"tune={tune!r} does not combine with dynamic=: dynamic shapes are "
@@ -201,13 +214,13 @@ def _is_module(model) -> bool:
     return torch is not None and isinstance(model, torch.nn.Module)
 
 
-def _compile_module(module: torch.nn.Module, example_inputs, dynamic, name: str | None,
-                    tune: int | str, shapes, strategy: str, target) -> tuple:
+def _compile_module(module: torch.nn.Module, example_inputs, dims, name: str | None,
+                    tune: int | str, shapes, ranges, strategy: str, target) -> tuple:
     """The module traced by ``torch.export`` and compiled, and how it returns its outputs
     (``frontend.torch.Returns``)."""
     from treadle.frontend.torch import from_module
-    graph, returns = from_module(module, example_inputs, dynamic=dynamic, name=name)
-    return _compile(graph, name, tune, shapes, {}, strategy, target), returns
+    graph, returns = from_module(module, example_inputs, dims=dims, name=name)
+    return _compile(graph, name, tune, shapes, ranges, strategy, target), returns
 
 
 def _compile(model, name: str | None, tune: int | str, shapes, ranges, strategy: str,

@@ -98,12 +98,30 @@ def test_odd_sizes_through_the_backend(size, fresh_dynamo):
 
 def test_module_with_symbolic_batch_runs_any_batch(tmp_path):
     model = Block().eval()
-    compiled = treadle.compile(model, torch.randn(2, 3, 11, 9), dynamic={"x": {0: "batch"}})
+    compiled = treadle.compile(model, torch.randn(2, 3, 11, 9), dims={"x": {0: "batch"}})
     assert compiled.executable.input_names == ["x"]
     for batch in (1, 3, 5):
         x = torch.randn(batch, 3, 11, 9)
         with torch.no_grad():
             _close(compiled(x), model(x))
+
+
+def test_a_module_takes_size_ranges_by_symbol_as_any_model_does(tmp_path):
+    """dims= names the module's dimensions, dynamic= gives their ranges (tuned over, as
+    for an ONNX model); naming dimensions through dynamic= is refused with the way."""
+    model = torch.nn.Linear(24, 40).eval()
+    with override(cache_dir=tmp_path):
+        compiled = treadle.compile(model, torch.randn(5, 24), dims={"input": {0: "rows"}},
+                                   dynamic={"rows": (1, 16)})
+    for rows in (1, 7, 16, 23):
+        x = torch.randn(rows, 24)
+        with torch.no_grad():
+            _close(compiled(x), model(x))
+    with pytest.raises(ValueError, match=r"dynamic\['x'\] names dimensions.*dims="):
+        treadle.compile(model, torch.randn(5, 24), dynamic={"x": {0: "rows"}})
+    with pytest.raises(ValueError, match="'cols', which no input"):
+        treadle.compile(model, torch.randn(5, 24), dims={"input": {0: "rows"}},
+                        dynamic={"cols": (1, 4)})
 
 
 class RepeatBySize(torch.nn.Module):
@@ -115,7 +133,7 @@ class RepeatBySize(torch.nn.Module):
 def test_a_repeat_count_that_is_a_symbolic_size():
     model = RepeatBySize().eval()
     seq = torch.export.Dim("seq", min=2, max=64)
-    compiled = treadle.compile(model, torch.randn(3, 5), dynamic={"x": {1: seq}})
+    compiled = treadle.compile(model, torch.randn(3, 5), dims={"x": {1: seq}})
     for length in (2, 7, 13):
         x = torch.randn(3, length)
         _close(compiled(x), model(x))
@@ -265,6 +283,11 @@ def test_backend_options(fresh_dynamo):
     bad = torch.compile(model, backend="treadle", options={"speed": "max"})
     with pytest.raises(Exception, match="unknown treadle backend options"), torch.no_grad():
         bad(x)
+    torch._dynamo.reset()
+    one_range = torch.compile(model, backend="treadle", options={"dynamic": (1, 8)})
+    with pytest.raises(Exception, match=r"size ranges by symbol.*x.shape\[1\]"), \
+            torch.no_grad():
+        one_range(x)
 
 
 def test_integer_and_boolean_tensors(fresh_dynamo):

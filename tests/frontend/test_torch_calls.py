@@ -92,7 +92,7 @@ def test_backend_size_errors_name_the_input_dimension(fresh_dynamo):
     model = ConvNet().eval()
     x = torch.randn(2, 3, 5, 7)
     torch._dynamo.mark_dynamic(x, 2)
-    compiled = torch.compile(model, backend="treadle", options={"dynamic": (64, 1)})
+    compiled = torch.compile(model, backend="treadle", options={"dynamic": {"x.shape[2]": (64, 1)}})
     with pytest.raises(Exception, match=re.escape("dynamic['x.shape[2]'] = (64, 1)")) as caught, \
             torch.no_grad():
         compiled(x)
@@ -101,7 +101,7 @@ def test_backend_size_errors_name_the_input_dimension(fresh_dynamo):
 
 def test_backend_symbols_named_by_dimension_compile_and_run(fresh_dynamo):
     model = ConvNet().eval()
-    compiled = torch.compile(model, backend="treadle", options={"dynamic": (1, 32)})
+    compiled = torch.compile(model, backend="treadle", options={"dynamic": {"x.shape[2]": (1, 32)}})
     for height in (5, 2, 13):
         x = torch.randn(2, 3, height, 7)
         torch._dynamo.mark_dynamic(x, 2)
@@ -165,7 +165,7 @@ def _leaves(value):
 @pytest.mark.parametrize("rows", [1, 5, 13])
 def test_compile_returns_the_module_structure(rows):
     model = Nested().eval()
-    compiled = treadle.compile(model, torch.randn(4, 7), dynamic={"x": {0: "rows"}})
+    compiled = treadle.compile(model, torch.randn(4, 7), dims={"x": {0: "rows"}})
     x = torch.randn(rows, 7)
     got, expected = compiled(x), model(x)
     (got_leaves, got_spec), (want_leaves, want_spec) = _leaves(got), _leaves(expected)

@@ -28,10 +28,10 @@ class Function(torch.nn.Module):
         return self.function(*args)
 
 
-def _matches(function, *args, rtol=1e-5, atol=1e-6, dynamic=None):
+def _matches(function, *args, rtol=1e-5, atol=1e-6, dims=None):
     """The compiled function's outputs equal eager's in shape, dtype and value."""
     model = Function(function).eval()
-    compiled = treadle.compile(model, tuple(a.clone() for a in args), dynamic=dynamic)
+    compiled = treadle.compile(model, tuple(a.clone() for a in args), dims=dims)
     got = torch.utils._pytree.tree_leaves(compiled(*(a.clone() for a in args)))
     with torch.no_grad():
         expected = model(*(a.clone() for a in args))
@@ -126,7 +126,7 @@ def test_write_through_a_diagonal(offset):
 def test_diagonal_of_symbolic_size():
     side = torch.export.Dim("side", min=3)
     model = Function(lambda x: x.diagonal(-1) + 1.0).eval()
-    compiled = treadle.compile(model, torch.randn(7, 7), dynamic={0: {0: side, 1: side}})
+    compiled = treadle.compile(model, torch.randn(7, 7), dims={0: {0: side, 1: side}})
     for n in [3, 7, 13]:
         x = torch.randn(n, n)
         np.testing.assert_allclose(np.asarray(compiled(x)), model(x).numpy())
@@ -220,7 +220,7 @@ def test_a_sort_of_symbolic_length():
     """Long lines take TopK's merge sort, a symbolic length a sort whose k is symbolic."""
     length = torch.export.Dim("length", min=2)
     model = Function(lambda x: (torch.sort(x, dim=-1, stable=True), torch.topk(x, 2, -1))).eval()
-    compiled = treadle.compile(model, torch.randn(3, 7), dynamic={0: {1: length}})
+    compiled = treadle.compile(model, torch.randn(3, 7), dims={0: {1: length}})
     for n in [2, 97, 301]:
         x = torch.randint(-20, 20, (3, n)).float()  # ties: a stable sort's order is defined
         got = [np.asarray(t) for t in torch.utils._pytree.tree_leaves(compiled(x))]

@@ -169,7 +169,7 @@ class Slices(torch.nn.Module):
 def test_writes_through_views_with_symbolic_sizes():
     rows, columns = torch.export.Dim("rows", min=3), torch.export.Dim("columns", min=3)
     model = Slices().eval()
-    compiled = treadle.compile(model, torch.randn(7, 13), dynamic={"x": {0: rows, 1: columns}})
+    compiled = treadle.compile(model, torch.randn(7, 13), dims={"x": {0: rows, 1: columns}})
     for shape in [(3, 3), (7, 13), (13, 7), (3, 40)]:
         x = torch.randn(*shape)
         with torch.no_grad():
@@ -188,7 +188,7 @@ def test_strided_write_along_a_symbolic_dimension_names_the_node():
     columns = torch.export.Dim("columns", min=3)
     with pytest.raises(UnsupportedOpError, match="slice_scatter.*strided.*columns"):
         treadle.compile(StridedColumns().eval(), torch.randn(7, 13),
-                        dynamic={"x": {1: columns}})
+                        dims={"x": {1: columns}})
 
 
 class IncrementsItsInput(torch.nn.Module):

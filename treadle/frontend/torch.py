@@ -357,11 +357,11 @@ def _returned(program: "torch.export.ExportedProgram") -> list[int]:
 
 
 def from_module(module: torch.nn.Module, example_inputs: Sequence, *,
-                dynamic: Optional[Mapping[str, Mapping[int, object]]] = None,
+                dims: Optional[Mapping[str, Mapping[int, object]]] = None,
                 name: Optional[str] = None) -> tuple[Graph, Returns]:
     """The graph of ``module`` called on ``example_inputs`` (a tensor or a tuple), traced by
     ``torch.export`` in inference mode, and how the module returns its outputs.
-    ``dynamic`` makes dimensions symbolic, by argument name and axis: ``{"x": {1: "seq"}}``;
+    ``dims`` makes dimensions symbolic, by argument name and axis: ``{"x": {1: "seq"}}``;
     a value may also be a ``torch.export.Dim``, whose bounds export checks. The graph's
     symbols take those names."""
     if not isinstance(module, torch.nn.Module):
@@ -371,7 +371,7 @@ def from_module(module: torch.nn.Module, example_inputs: Sequence, *,
                          "for inference: call .eval() first")
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) \
         else (example_inputs,)
-    shapes, names = _dynamic_shapes(module, args, dynamic or {})
+    shapes, names = _dynamic_shapes(module, args, dims or {})
     with torch.no_grad():
         program = torch.export.export(module, args, dynamic_shapes=shapes)
     graph = from_exported(program, name or type(module).__name__,
@@ -389,24 +389,24 @@ def _constant_outputs(program: "torch.export.ExportedProgram") -> dict[int, Any]
     return {k: arg.value for k, arg in enumerate(returned) if isinstance(arg, ConstantArgument)}
 
 
-def _dynamic_shapes(module: torch.nn.Module, args: tuple, dynamic: Mapping):
-    """torch.export's ``dynamic_shapes`` for ``dynamic`` (keyed by argument name or by
+def _dynamic_shapes(module: torch.nn.Module, args: tuple, dims: Mapping):
+    """torch.export's ``dynamic_shapes`` for ``dims`` (keyed by argument name or by
     position among the tensors passed), and the names it asks for by (position, axis)."""
-    if not dynamic:
+    if not dims:
         return None, {}
     import inspect
     signature = inspect.signature(module.forward)
     bound = signature.bind(*args)
-    dims: dict[str, object] = {}
+    made: dict[str, object] = {}  # a torch.export.Dim per name
     names: dict[tuple[int, int], str] = {}
     used: set = set()
 
     def axes_of(position: int, param: Optional[str]):
         axes = {}
         for key in (position, param):
-            for axis, dim in dynamic.get(key, {}).items() if key in dynamic else ():
+            for axis, dim in dims.get(key, {}).items() if key in dims else ():
                 label = dim if isinstance(dim, str) else dim.__name__
-                axes[axis] = dims.setdefault(label, torch.export.Dim(label)
+                axes[axis] = made.setdefault(label, torch.export.Dim(label)
                                              if isinstance(dim, str) else dim)
                 names[(position, axis)] = label
                 used.add(key)
@@ -420,9 +420,9 @@ def _dynamic_shapes(module: torch.nn.Module, args: tuple, dynamic: Mapping):
         else:
             shapes[param] = axes_of(position, param)
             position += 1
-    unknown = sorted(map(str, set(dynamic) - used))
+    unknown = sorted(map(str, set(dims) - used))
     if unknown:
-        raise ValueError(f"dynamic names arguments {unknown}; {type(module).__name__}."
+        raise ValueError(f"dims names arguments {unknown}; {type(module).__name__}."
                          f"forward takes {list(bound.arguments)} ({position} tensors)")
     return shapes, names
 

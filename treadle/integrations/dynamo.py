@@ -40,14 +40,17 @@ OPTIONS = ("tune", "orchestrate", "dynamic", "target")
 
 def treadle_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                     options: Optional[Mapping[str, Any]] = None) -> Callable:
-    """The dynamo backend. ``options`` go to ``treadle.compile``: ``tune``,
-    ``orchestrate`` and ``target`` (``"cpu"``, ``"cuda"``) as they are, ``dynamic`` as the
-    size range (``(1, 512)``) or sizes every symbolic dimension of the graph is tuned
-    for."""
+    """The dynamo backend. ``options`` go to ``treadle.compile`` as they are: ``tune``,
+    ``orchestrate``, ``target`` (``"cpu"``, ``"cuda"``) and ``dynamic``, size ranges by
+    symbol, each symbol named by the input dimension dynamo took it from
+    (``{"x.shape[1]": (1, 512)}``); each compiled piece takes those of its own symbols."""
     options = dict(options or {})
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ValueError(f"unknown treadle backend options {unknown}; expected {OPTIONS}")
+    if not isinstance(options.get("dynamic", {}), Mapping):
+        raise ValueError(f"options['dynamic'] = {options['dynamic']!r}: expected size ranges "
+                         "by symbol, named by input dimension: {'x.shape[1]': (1, 512)}")
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
                                        for x in example_inputs):
         warnings.warn("treadle compiles inference only and this graph needs gradients "
@@ -293,10 +296,10 @@ def _source_name(source) -> str:
 
 
 def _ranges(graph, dynamic) -> Optional[dict]:
-    """The backend's one ``dynamic`` option given to every symbol of the graph."""
+    """The ranges of the backend's ``dynamic`` option that name the piece's symbols."""
     if dynamic is None:
         return None
-    return {s: dynamic for s in sorted(graph.symbols)} or None
+    return {s: r for s, r in dynamic.items() if s in graph.symbols} or None
 
 
 class _Piece(torch.nn.Module):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tests.harness import assert_close, random_array
+from tests.ir.passes.test_split_launches import softmax as row_softmax
 from treadle.backend import build as backend_build
 from treadle.config import override
 from treadle.errors import KernelError
@@ -36,17 +37,6 @@ def affine(name: str = "affine", scale: float = 2.0):
         for i in fb.range(n):
             y[i] = x[i] * scale + 1.0
     return fb.function
-
-
-def row_softmax():
-    """Softmax along the rows of an N x K matrix, by the rule-based schedule: two row
-    reductions into workspaces, then the normalised exponentials."""
-    n, k = Var("N"), Var("K")
-    x = Buffer("x", f32, (n, k))
-    high = reduce("max", [n, 1], [k], lambda i, _, r: x[i, r], "max")
-    total = reduce("sum", [n, 1], [k], lambda i, _, r: call("exp", x[i, r] - high[i, 0]))
-    out = compute("softmax", [n, k], lambda i, j: call("exp", x[i, j] - high[i, 0]) / total[i, 0])
-    return schedule_computes("softmax", [x], [out])
 
 
 def column_softmax():

@@ -395,17 +395,24 @@ def test_resize_linear():
     check(cases)
 
 
-def test_resize_cubic():
+# (exclude_outside, cubic_coeff_a) pairs: each transformation mode takes one by default,
+# every mode every pair with -m slow.
+CUBIC_OPTIONS = [(0, -0.75), (1, -0.5), (1, -0.75), (0, -0.5)]
+
+
+@pytest.mark.parametrize("pairings", ["rotated", pytest.param("all", marks=pytest.mark.slow)])
+def test_resize_cubic(pairings):
     """Up- and down-sampling by scales and by sizes, at prime lengths, in every coordinate
     transformation mode, with and without the weights of outside neighbours."""
     scales = np.array([1, 1, 2.0, 0.6], np.float32)
+    options = [(t, e, a) for k, t in enumerate(TRANSFORMS)
+               for e, a in (CUBIC_OPTIONS if pairings == "all" else [CUBIC_OPTIONS[k]])]
     cases = [Case("Resize", [In((2, 3, 5, 7)), None, scales],
                   {"mode": "cubic", "coordinate_transformation_mode": t, "exclude_outside": e,
-                   "cubic_coeff_a": a})
-             for t in TRANSFORMS for e in (0, 1) for a in (-0.75, -0.5)]
+                   "cubic_coeff_a": a}) for t, e, a in options]
     cases += [Case("Resize", [In((1, 2, 7, 13)), None, None, i64(1, 2, 3, 17)],
                    {"mode": "cubic", "coordinate_transformation_mode": t, "exclude_outside": e})
-              for t in TRANSFORMS for e in (0, 1)]
+              for t, e, _ in options]
     cases.append(Case("Resize", [In((1, 1, 1, 2)), None, None, i64(1, 1, 3, 1)],
                       {"mode": "cubic"}))
     cases += [Case("Resize", [In((1, 2, 7, 13)), None, np.array([1, 1, 0.55, 1.7], np.float32)],

@@ -319,16 +319,22 @@ class _Piece(torch.nn.Module):
         self.output_dtypes = [r.meta["val"].dtype for r in results]
 
     def forward(self, *args):
-        inputs = [_array(args[k]) for k in self.tensor_positions]
+        tensors = [args[k] for k in self.tensor_positions]
+        inputs = [_array(t) for t in tensors]
+        # The executable takes and gives host arrays: results go back where the inputs
+        # live (a GPU model's inputs are copied to the device by its executable).
+        device = next((t.device for t in tensors if t.device.type != "cpu"), None)
         outputs = [tensor_of(o, dtype) for o, dtype in
                    zip(self.model(*inputs), self.output_dtypes)]
+        if device is not None:
+            outputs = [o.to(device) for o in outputs]
         return tuple(outputs) if self.returns_tuple else outputs[0]
 
 
 def _array(tensor: torch.Tensor):
-    """The tensor's memory as numpy, copied only when not contiguous (bfloat16, which
-    numpy lacks, as its raw bits)."""
-    tensor = tensor.detach().contiguous()
+    """The tensor's memory as numpy, copied only when not contiguous or not in host
+    memory (bfloat16, which numpy lacks, as its raw bits)."""
+    tensor = tensor.detach().cpu().contiguous()
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view("uint16")
     return tensor.numpy()

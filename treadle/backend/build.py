@@ -80,16 +80,15 @@ def c_toolchain(target) -> Toolchain:
 
 @functools.lru_cache(maxsize=None)
 def compiler_version(program: str, label: str, advice: str) -> str:
-    """The first line of ``program --version``, which names the compiler and its version
-    (nvcc's last line names its release); where it cannot run, the error names the
-    compiler by ``label`` and says what to do (``advice``)."""
+    """What ``program --version`` prints, which names the compiler and its version; where
+    it cannot run, the error names the compiler by ``label`` and says what to do
+    (``advice``)."""
     try:
         result = subprocess.run([program, "--version"], capture_output=True, text=True,
                                 check=True)
     except (OSError, subprocess.CalledProcessError) as err:
         raise CompileError(f"cannot run {label} ({program!r}: {err}); {advice}") from None
-    lines = result.stdout.strip().splitlines()
-    return (lines[-1] if "nvcc" in program else lines[0]) if lines else program
+    return result.stdout.strip() or program
 
 
 def build_with(toolchain: Toolchain, source: str, name: str, symbols: Iterable[str] = ()

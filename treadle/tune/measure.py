@@ -170,7 +170,9 @@ def _time_on_cuda(functions: Sequence[Function], target: Target, request: Reques
     results: list[float | None] = []
     for function, given in zip(named, request.sizes):
         env = {v: given.get(v.name, request.symbol_size) for v in _symbols(function)}
-        arrays = [cuda.DeviceArray.from_numpy(a) for a in _buffers(function, env)]
+        rng = np.random.default_rng(0)
+        arrays = [cuda.DeviceArray.from_numpy(_random(p, env, rng))
+                  for p in function.params if isinstance(p, Buffer)]
         symbols = {v.name: value for v, value in env.items()}
         try:
             results.append(sum(float(np.median(k.time(*arrays, repeat=request.repeats,
@@ -183,13 +185,13 @@ def _time_on_cuda(functions: Sequence[Function], target: Target, request: Reques
     return results
 
 
-def _buffers(function: Function, env: Mapping[Var, int]) -> list[np.ndarray]:
-    """Random contents for each buffer parameter of ``function`` at the sizes of ``env``."""
-    rng = np.random.default_rng(0)
-    shapes = [(tuple(int(evaluate(d, env)) for d in p.shape), np.dtype(p.dtype.name))
-              for p in function.params if isinstance(p, Buffer)]
-    return [rng.standard_normal(shape).astype(dtype) if dtype.kind == "f"
-            else np.zeros(shape, dtype) for shape, dtype in shapes]
+def _random(buffer: Buffer, env: Mapping[Var, int], rng: np.random.Generator) -> np.ndarray:
+    """Contents for ``buffer`` at the sizes of ``env``: floats from a standard normal,
+    zeros otherwise (valid indices and counts)."""
+    shape = tuple(int(evaluate(d, env)) for d in buffer.shape)
+    dtype = np.dtype(buffer.dtype.name)
+    return rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" \
+        else np.zeros(shape, dtype)
 
 
 # Target kind -> its timer.
@@ -325,15 +327,11 @@ def _arguments(function: Function, env: Mapping[Var, int], arrays: dict,
         if isinstance(p, Var):
             args.append(env[p])
             continue
-        shape = tuple(int(evaluate(d, env)) for d in p.shape)
-        key = (p.name, shape, p.dtype.name)
+        key = (p.name, tuple(int(evaluate(d, env)) for d in p.shape), p.dtype.name)
         if key not in arrays and source is not None and key in source:
             arrays[key] = source[key].copy()
         elif key not in arrays:
-            dtype = np.dtype(p.dtype.name)
-            data = rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" \
-                else np.zeros(shape, dtype)
-            arrays[key] = data
+            arrays[key] = _random(p, env, rng)
         args.append(arrays[key].ctypes.data)
         nbytes += arrays[key].nbytes
     return args, nbytes

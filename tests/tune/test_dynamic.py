@@ -15,13 +15,16 @@ import pytest
 import treadle
 from tests.harness import assert_close, random_array
 from treadle import ops
+from treadle.compiler import compile_graph
 from treadle.config import override
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.dtypes import index_type
 from treadle.ir.expr import Var
+from treadle.runtime import cuda as cuda_runtime
 from treadle.runtime.build import compile_function
 from treadle.schedule.dispatch import dispatching_kernel
 from treadle.schedule.kernel import Kernel
+from treadle.target.cuda import cuda_target
 from treadle.schedule.templates.gemm.cost import Work
 from treadle.tune import dynamic
 from treadle.tune import kernel as kernel_layer
@@ -376,3 +379,43 @@ def test_a_saved_dynamic_model_dispatches_without_scikit_learn(dynamic_model, tm
     for seq in SIZES:
         a = np.load(tmp_path / f"in{seq}.npy")
         assert_close(np.load(tmp_path / f"out{seq}.npy"), _reference(a)[1], reduction=48)
+
+
+# ---- CUDA: measured on a GPU, else from the template's analytic latency ----------------------
+
+@pytest.fixture(scope="module")
+def cuda_dense(cache):
+    """A dense layer compiled for CUDA over seq 1..512, with the choices it was given."""
+    chosen = []
+    real = kernel_layer.choose_dynamic_many
+
+    def kept(*args, **kwargs):
+        found = real(*args, **kwargs)
+        chosen.extend(found)
+        return found
+    x = ops.input("x", "float32", ["seq", 128])
+    y = ops.matmul(x, ops.constant(random_array((128, 768), seed=4)))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kernel_layer, "choose_dynamic_many", kept)
+        model = compile_graph(ops.graph([x], [y], "dense"), dynamic=size_ranges({"seq": (1, 512)}),
+                              target=cuda_target("sm_80"))
+    return model, chosen
+
+
+@pytest.mark.skipif(cuda_runtime.available(), reason="this machine has a GPU to measure on")
+def test_without_a_gpu_cuda_variants_come_from_the_analytic_model(cuda_dense):
+    """No device to time on: every candidate is ranked by Gensor's latency model at every
+    size, and short sequences get smaller blocks than long ones (more blocks for the SMs)."""
+    _, (choice,) = cuda_dense
+    assert choice.source == "analytic"
+    assert len(choice.configs) >= 2
+    blocks = {seq: choice.resolved[choice.tree.predict({"seq": seq})].config for seq in (1, 512)}
+    assert blocks[1].block_m * blocks[1].block_n < blocks[512].block_m * blocks[512].block_n
+
+
+@pytest.mark.parametrize("seq", [0, 1, 97, 416, 417, 600])
+def test_cuda_variants_match_numpy_on_each_side_of_the_dispatch(cuda_dense, seq):
+    model, _ = cuda_dense
+    a = random_array((seq, 128), seed=seq)
+    got = model.simulate(a)[0]
+    assert_close(got, a @ random_array((128, 768), seed=4), reduction=128, context=f"seq={seq}")

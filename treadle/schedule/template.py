@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from treadle.errors import ScheduleConfigError
 from treadle.graph.operator import Operator
@@ -31,6 +31,7 @@ from treadle.schedule.tiling import State, TilingProblem
 from treadle.target.cpu import CpuTarget
 
 if TYPE_CHECKING:
+    from treadle.ir.expr import Var
     from treadle.target import Target
     from treadle.target.memory import MemoryHierarchy
 
@@ -64,13 +65,16 @@ class Constructible(Protocol):
     step lists and capacities. ``constructed_config`` is the config a state of that
     problem stands for (which ``check`` may still refuse: construction skips it).
     ``predicted_seconds`` ranks resolved candidates: an analytic latency on ``memory``,
-    the target's hierarchy, never a measurement."""
+    the target's hierarchy, never a measurement, with the symbols at ``env``'s values
+    (``tiling.SYMBOL_SIZE`` where it has none). Dynamic-shape tuning ranks its variants
+    by it where the target has no device to measure on."""
 
     def tiling_problem(self, pattern: Any, target: Target) -> TilingProblem: ...
 
     def constructed_config(self, state: State) -> Any: ...
 
-    def predicted_seconds(self, resolved: Any, memory: MemoryHierarchy) -> float: ...
+    def predicted_seconds(self, resolved: Any, memory: MemoryHierarchy,
+                          env: Mapping[Var, int] | None = None) -> float: ...
 
 
 @runtime_checkable

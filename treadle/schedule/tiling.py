@@ -12,7 +12,10 @@ live on the schedule side of the tuner.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
+
+from treadle.ir.expr import Var, as_expr
+from treadle.ir.functor import evaluate
 
 # The size a symbolic extent stands for when construction needs a number (the size
 # tune.measure measures symbolic kernels at).
@@ -55,6 +58,18 @@ class State:
         return self.level == len(self.tiles) - 1
 
 
-def concrete(extent) -> int:
-    """An extent as construction counts it: itself, or SYMBOL_SIZE where symbolic."""
-    return extent if isinstance(extent, int) else SYMBOL_SIZE
+def known(size, env: Mapping[Var, int] | None):
+    """``size`` as an int where ``env`` gives every symbol it holds, else as it is."""
+    if isinstance(size, int) or not env:
+        return size
+    try:
+        return int(evaluate(as_expr(size), env))
+    except KeyError:  # a symbol env does not give
+        return size
+
+
+def concrete(extent, env: Mapping[Var, int] | None = None) -> int:
+    """An extent as construction counts it: its value where ``env`` gives every symbol
+    it holds (DietCode's analytic costs, at each size of a range), else SYMBOL_SIZE."""
+    value = known(extent, env)
+    return value if isinstance(value, int) else SYMBOL_SIZE

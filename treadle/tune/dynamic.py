@@ -45,6 +45,12 @@ A kernel whose sizes hold a symbol with a declared range (``compile(..., dynamic
    compares, and a saved model needs neither Python's tree nor scikit-learn. Sizes outside
    the range take the variant of the nearest size the tree saw.
 
+Where the target has no device on this machine (CUDA without a GPU), nothing is
+measured: every candidate's time at every size of the grid is the template's analytic
+latency (Gensor's model, ``Constructible.predicted_seconds``), and steps 4 and 5 choose
+from those. The dump's ``dynamic.txt`` says which cost source was used; an analytic
+choice is not recorded, so a machine with the device measures.
+
 The outcome is recorded like a tuned config (``tune.records``), keyed by the workload
 with its symbols and their declared ranges, so a second compile measures nothing.
 """
@@ -60,12 +66,13 @@ import numpy as np
 
 from treadle.atomic import write_json
 from treadle.dump import dump_text
-from treadle.errors import ScheduleConfigError
+from treadle.errors import DeviceUnavailableError, ScheduleConfigError
 from treadle.ir.dtypes import index_type
 from treadle.ir.expr import Var
 from treadle.ir.functor import free_vars
-from treadle.schedule.template import Sized, Template, default_point, valid_points
-from treadle.target.cpu import CpuTarget
+from treadle.schedule.template import (Constructible, Sized, Template, default_point,
+                                       valid_points)
+from treadle.target import Target
 from treadle.tune.measure import SYMBOL_SIZE, measure_functions
 from treadle.tune.records import config_of, read_record, record_path, replay, workload_text
 
@@ -321,7 +328,8 @@ class DynamicChoice:
     configs: tuple
     resolved: tuple
     tree: Tree
-    source: str  # "measured", "record", or "default" where every candidate failed
+    source: str  # "measured", "analytic" (no device), "record", or "default" where every
+    # candidate failed
 
 
 def dynamic_symbols(template: Template, pattern: Any, ranges: Mapping[str, SizeRange]
@@ -334,7 +342,7 @@ def dynamic_symbols(template: Template, pattern: Any, ranges: Mapping[str, SizeR
 
 
 def choose_dynamic(template: Template, pattern: Any, name: str,
-                   ranges: Mapping[str, SizeRange], level: int, target: CpuTarget
+                   ranges: Mapping[str, SizeRange], level: int, target: Target
                    ) -> DynamicChoice:
     """The variants and dispatch tree of ``pattern`` over ``ranges`` (see the module's
     docstring), from a record when one is stored."""
@@ -342,7 +350,7 @@ def choose_dynamic(template: Template, pattern: Any, name: str,
 
 
 def choose_dynamic_many(kernels: Sequence[tuple[Template, Any, str]],
-                        ranges: Mapping[str, SizeRange], level: int, target: CpuTarget
+                        ranges: Mapping[str, SizeRange], level: int, target: Target
                         ) -> list[DynamicChoice]:
     """The choice of each ``(template, pattern, name)``, the workloads without a record
     tuned together: each round of measuring builds every workload's candidates at once
@@ -364,20 +372,40 @@ def choose_dynamic_many(kernels: Sequence[tuple[Template, Any, str]],
                 tunings[workload] = _Tuning.start(template, pattern, name, symbols, ranges,
                                                   level, target)
     if tunings:
-        from treadle.tune.choice import measurement_progress
         started = list(tunings.values())
-        # at most: each explored candidate where it fits best and at every stand-in size
-        explored = sum(EXPLORED[level] * (1 + len(t.stand_ins)) for t in started)
-        total = sum(len(t.first) for t in started) + explored
-        names = started[0].name + (f" and {len(started) - 1} more" if len(started) > 1 else "")
-        with measurement_progress(total, f"{names} (dynamic)") as bar:
-            _time_runs(started, [t.first for t in started], bar)
-            extra = [t.explore() for t in started]
-            bar.update(explored - sum(map(len, extra)))
-            _time_runs(started, extra, bar)
+        try:
+            _measure(started, level)
+        except DeviceUnavailableError as err:
+            _without_device(started, err)
         for workload, tuning in tunings.items():
             choices[workload] = tuning.finish(workload)
     return [choices[w] for w in workloads]
+
+
+def _measure(started: Sequence[_Tuning], level: int) -> None:
+    """The two rounds of measuring, every workload's runs timed together."""
+    from treadle.tune.choice import measurement_progress
+    # at most: each explored candidate where it fits best and at every stand-in size
+    explored = sum(EXPLORED[level] * (1 + len(t.stand_ins)) for t in started)
+    total = sum(len(t.first) for t in started) + explored
+    names = started[0].name + (f" and {len(started) - 1} more" if len(started) > 1 else "")
+    with measurement_progress(total, f"{names} (dynamic)") as bar:
+        _time_runs(started, [t.first for t in started], bar)
+        extra = [t.explore() for t in started]
+        bar.update(explored - sum(map(len, extra)))
+        _time_runs(started, extra, bar)
+
+
+def _without_device(started: Sequence[_Tuning], err: DeviceUnavailableError) -> None:
+    """Where the target has no device here, every candidate's time at every size is the
+    template's analytic latency (Gensor's model, ``Constructible.predicted_seconds``); a
+    template without one cannot be tuned for a range, and the error stands."""
+    for tuning in started:
+        if not isinstance(tuning.template, Constructible):
+            raise err
+    log.info("dynamic shapes: costs are analytic estimates: %s", err)
+    for tuning in started:
+        tuning.analytic = str(err)
 
 
 def select_variants(times: np.ndarray, weights: np.ndarray) -> list[int]:
@@ -427,7 +455,7 @@ def _grid(template, pattern, symbols: list[str], ranges) -> tuple[list[dict], np
     return grid, weights / weights.sum()
 
 
-def _candidates(template, pattern, level: int, target: CpuTarget, grid: list[dict],
+def _candidates(template, pattern, level: int, target: Target, grid: list[dict],
                 weights: np.ndarray) -> tuple[list[tuple[Any, Any]], dict[int, int]]:
     """(config, resolved) of every distinct candidate: the single-size configs of the
     stand-in sizes first, then the space of ``level``; and the grid index each stand-in
@@ -496,17 +524,18 @@ class _Tuning:
     points: list[tuple[Any, Any]]
     works: list[list]
     level: int
-    target: CpuTarget
+    target: Target
     stand_ins: list[int]  # grid indices of the stand-in sizes
     origins: dict[int, int]  # candidate -> the stand-in its config was made for
     first: list[tuple[int, int]]
     seconds: dict[tuple[int, int], float | None] = field(default_factory=dict)
     model: CostModel = CostModel(*PRIOR)
     measured: dict[int, Measured] = field(default_factory=dict)
+    analytic: str | None = None  # why costs are estimated, where they are
 
     @classmethod
     def start(cls, template, pattern, name: str, symbols: list[str], ranges, level: int,
-              target: CpuTarget) -> "_Tuning":
+              target: Target) -> "_Tuning":
         grid, weights = _grid(template, pattern, symbols, ranges)
         points, origins = _candidates(template, pattern, level, target, grid, weights)
         works = [[template.work(r, env) for env in grid] for _, r in points]
@@ -548,7 +577,9 @@ class _Tuning:
         return [run for c in explore for run in self.runs_of(c)]
 
     def finish(self, workload: str) -> DynamicChoice:
-        """The variants and their tree, stored under ``workload``."""
+        """The variants and their tree, stored under ``workload`` where measured."""
+        if self.analytic is not None:
+            return self.predicted()
         extra = [r for r in self.seconds if r not in self.first]
         self.measured.update(_per_macs(extra, [self.seconds[r] for r in extra], self.works,
                                        self.model))
@@ -560,21 +591,44 @@ class _Tuning:
             return DynamicChoice(template, (default[0],), (default[1],),
                                  Tree(tuple(self.symbols), ((-1, 0, -1, -1),)), "default")
         rows = sorted(measured)
-        values = np.array([[env[Var(s, index_type)] for s in self.symbols]
-                           for env in self.grid])
-        times = np.array([self.anchored(c, values) for c in rows])
+        times = np.array([self.anchored(c, self.values) for c in rows])
+        choice, variants = self.chosen(rows, times, "measured")
+        dump_text((self.name, "dynamic.txt"),
+                  _report(self.points, measured, self.model, self.grid, works, variants))
+        _store(workload, choice, self.model)
+        return choice
+
+    def predicted(self) -> DynamicChoice:
+        """The variants and their tree from every candidate's analytic latency at every
+        size of the grid; not stored, as a target with a device measures instead."""
+        memory = self.target.memory()
+        times = np.array([[self.template.predicted_seconds(r, memory, env) for env in self.grid]
+                          for _, r in self.points])
+        choice, variants = self.chosen(list(range(len(self.points))), times, "analytic")
+        dump_text((self.name, "dynamic.txt"), "\n".join(
+            [f"cost source: the template's analytic latency, not measurements: "
+             f"{self.analytic}"]
+            + [f"variant {k}: {self.points[c][1].config}" for k, c in enumerate(variants)]))
+        return choice
+
+    @property
+    def values(self) -> np.ndarray:
+        """The symbols' values at each grid point, a row per point."""
+        return np.array([[env[Var(s, index_type)] for s in self.symbols] for env in self.grid])
+
+    def chosen(self, rows: list[int], times: np.ndarray, source: str
+               ) -> tuple[DynamicChoice, list[int]]:
+        """The variants among candidates ``rows`` (``times``: a row of seconds over the
+        grid for each) and the tree dispatching them; and the candidates they are."""
         chosen = select_variants(times, self.weights)
         labels = np.argmin(times[chosen], axis=0)
-        tree = fit_tree(self.symbols, values, labels, self.weights)
+        tree = fit_tree(self.symbols, self.values, labels, self.weights)
         used = tree.variants  # a variant the tree never picks is dropped
         tree = _renumbered(tree, {old: new for new, old in enumerate(used)})
         variants = [rows[chosen[k]] for k in used]
-        dump_text((self.name, "dynamic.txt"),
-                  _report(self.points, measured, self.model, self.grid, works, variants))
-        choice = DynamicChoice(template, tuple(self.points[c][0] for c in variants),
-                               tuple(self.points[c][1] for c in variants), tree, "measured")
-        _store(workload, choice, self.model)
-        return choice
+        return DynamicChoice(self.template, tuple(self.points[c][0] for c in variants),
+                             tuple(self.points[c][1] for c in variants), tree,
+                             source), variants
 
     def anchored(self, c: int, values: np.ndarray) -> np.ndarray:
         """Candidate ``c``'s predicted seconds over the grid (``values``: its symbol

@@ -11,16 +11,20 @@ from tests.harness import assert_close, random_array, run_onnxruntime
 from treadle.backend.cuda import build_cuda, launch_shape
 from treadle.config import override
 from treadle.ir import dtypes
+from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import compute, reduce
-from treadle.ir.expr import Buffer, Call, Var, call, cast
+from treadle.ir.expr import Buffer, Call, Var, call, cast, ceil_div
 from treadle.ir.functor import evaluate, walk
 from treadle.ir.lower import lower
 from treadle.ir.passes.split_launches import WARP, split_launches
 from treadle.runtime import cuda as cuda_runtime
 from treadle.runtime.cuda import device_target
 from treadle.runtime.simulate import simulate
+from treadle.schedule.dispatch import dispatching_kernel
+from treadle.schedule.kernel import Kernel
 from treadle.schedule.rules import MIN_SPLIT_ELEMENTS, schedule_computes
 from treadle.target.cuda import ARCHS, cuda_target
+from treadle.tune.dynamic import fit_tree
 
 TARGET = cuda_target("sm_80")
 f32 = dtypes.float32
@@ -183,3 +187,33 @@ def test_on_the_gpu_softmax_and_layer_norm_match_numpy(rows, cols, tmp_path):
         for func in funcs:
             cuda_runtime.CudaKernel(func, binary.cubin)(*arrays)
         np.testing.assert_allclose(y, expected, rtol=1e-3, atol=1e-4)
+
+
+def _grid_writing(value: int) -> Kernel:
+    """A one-launch kernel writing ``value`` over ``y``: a variant of a dispatcher."""
+    with FunctionBuilder(f"variant{value}") as fb:
+        n = fb.symbol("seq")
+        out = fb.param("y", "int32", [n])
+        for blk in fb.range(ceil_div(n, 32), kind="blocks", name="blk"):
+            for t in fb.range(32, kind="threads", name="t"):
+                with fb.if_(blk * 32 + t < n):
+                    out[blk * 32 + t] = value
+    return Kernel(fb.function, (), ())
+
+
+@pytest.mark.parametrize("seq", [0, 1, 5, 6, 37, 61, 64, 65, 97, 1000])
+def test_dispatch_between_grids_launches_only_the_chosen_variant(seq):
+    """DietCode's dispatcher branches between whole grids: each variant becomes a launch
+    of its own whose grid is empty unless the tree chooses it."""
+    values = np.arange(1, 101)[:, None]
+    labels = np.select([values[:, 0] <= 5, values[:, 0] <= 37, values[:, 0] <= 64], [2, 0, 1], 3)
+    tree = fit_tree(["seq"], values, labels, np.full(100, 0.01))
+    kernel = dispatching_kernel([_grid_writing(v) for v in range(4)], tree.nodes,
+                                tree.symbols, "dispatch")
+    out = np.full(seq, -1, np.int32)
+    funcs = run(kernel, [out], seq=seq)
+    assert len(funcs) == 4
+    blocks = [evaluate(launch_shape(f)[0], {Var("seq"): seq}) for f in funcs]
+    chosen = tree.predict({"seq": min(max(seq, 1), 100)})
+    assert [b > 0 for b in blocks] == [v == chosen and seq > 0 for v in range(4)]
+    assert (out == chosen).all()

@@ -25,8 +25,9 @@ from dataclasses import replace
 from treadle.ir.builder import seq
 from treadle.ir.compute import combine
 from treadle.ir.dtypes import int32
-from treadle.ir.expr import Const, Var, call, ceil_div, const, eq
-from treadle.ir.functor import rewrite, walk
+from treadle.ir.expr import (Const, Expr, Var, call, ceil_div, const, eq, logical_and,
+                             select)
+from treadle.ir.functor import rewrite, substitute, walk
 from treadle.ir.stmt import (Accumulate, Assert, Barrier, DeclBuffer, For, Function, If, Let,
                              Seq, Stmt, Store)
 
@@ -36,7 +37,7 @@ WARP = 32
 
 def split_launches(func: Function) -> list[Function]:
     """``func`` as the CUDA kernels that compute it, in launch order."""
-    items = _statements(func.body)
+    items = _dispatch_opened(_statements(func.body))
     preamble: list[Stmt] = []
     work: list[Stmt] = []
     serial: list[Stmt] = []
@@ -72,6 +73,49 @@ def _statements(stmt: Stmt) -> list[Stmt]:
     if isinstance(stmt, Seq) and not any(isinstance(s, DeclBuffer) for s in stmt.stmts):
         return [s for item in stmt.stmts for s in _statements(item)]
     return [stmt]
+
+
+def _dispatch_opened(items: list[Stmt]) -> list[Stmt]:
+    """The items with each ``If`` whose branches hold grids (DietCode's dispatch between
+    variants, ``schedule.dispatch``) opened into the statements of its branches, each
+    guarded by the conditions that lead to it (``_guarded``): a grid cannot branch to
+    another grid, so each variant is a launch of its own, and those not chosen launch
+    no block. The conditions are written over the function's symbols, through the lets
+    before them, as a grid's size must be."""
+    lets: dict = {}
+    found: list[Stmt] = []
+    for item in items:
+        if isinstance(item, Let):
+            lets[item.var] = substitute(item.value, lets)
+        found += _opened(item, None, lets) if isinstance(item, If) and _is_grid(item) \
+            else [item]
+    return found
+
+
+def _opened(stmt: Stmt, cond: Expr | None, lets: dict) -> list[Stmt]:
+    if not (isinstance(stmt, If) and _is_grid(stmt)):
+        return [stmt if cond is None else _guarded(stmt, cond)]
+    test = substitute(stmt.cond, lets)
+    taken = test if cond is None else logical_and(cond, test)
+    found = [s for item in _statements(stmt.then) for s in _opened(item, taken, lets)]
+    if stmt.otherwise is not None:
+        other = ~test if cond is None else logical_and(cond, ~test)
+        found += [s for item in _statements(stmt.otherwise) for s in _opened(item, other, lets)]
+    return found
+
+
+def _guarded(stmt: Stmt, cond: Expr) -> Stmt:
+    """``stmt`` done only where ``cond`` holds: a grid or parallel loop with no
+    iterations elsewhere, a let as it is (pure, and later statements read it), anything
+    else inside an ``If``."""
+    if isinstance(stmt, Let):
+        return stmt
+    if isinstance(stmt, For) and stmt.kind == "parallel":
+        return replace(stmt, extent=select(cond, stmt.extent, 0))
+    if _is_grid(stmt):
+        return rewrite(stmt, lambda s: replace(s, extent=select(cond, s.extent, 0))
+                       if isinstance(s, For) and s.kind == "blocks" else None)
+    return If(cond, stmt)
 
 
 def _is_grid(stmt: Stmt) -> bool:

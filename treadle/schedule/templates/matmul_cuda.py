@@ -22,20 +22,21 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
+from typing import Mapping
 
 from treadle.errors import ScheduleConfigError
 from treadle.graph.operator import Operator
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.dtypes import float32
-from treadle.ir.expr import Buffer, Expr, Load, logical_and
+from treadle.ir.expr import Buffer, Expr, Load, Var, as_expr, logical_and
 from treadle.ir.functor import free_vars, substitute, walk
 from treadle.ir.mapping import repeat, spatial, unravel
 from treadle.schedule.kernel import Kernel
 from treadle.schedule.rules import canonical_kernel
 from treadle.schedule.templates.gemm import gemm_workload
-from treadle.schedule.templates.gemm.pattern import (GemmPattern, declare_parameters,
+from treadle.schedule.templates.gemm.pattern import (ROLES, GemmPattern, declare_parameters,
                                                      match_gemm_output, product, role_extents)
-from treadle.schedule.tiling import State, TilingProblem
+from treadle.schedule.tiling import State, TilingProblem, known
 from treadle.target.cuda import CudaTarget
 from treadle.target.memory import MemoryHierarchy
 
@@ -156,6 +157,30 @@ class MatmulCudaTemplate:
     def workload(self, pattern: GemmPattern) -> str:
         return gemm_workload(pattern)
 
+    # What dynamic-shape tuning asks of a template (schedule.template.Sized): the costs
+    # in matmul_cuda_cost, imported here when used because it imports this module.
+    def sizes(self, pattern: GemmPattern) -> list:
+        """The extents of the problem's axes, as expressions."""
+        return [as_expr(e) for r in ROLES for e in role_extents(pattern)[r]]
+
+    def sized_config(self, pattern: GemmPattern, config: MatmulCudaConfig, target: CudaTarget,
+                     env: Mapping[Var, int]) -> MatmulCudaConfig:
+        """What a compile for the sizes of ``env`` alone would run: its level-0 tile (the
+        config given, symbolic sizes' default, has nothing else to fit)."""
+        return _default(pattern, target, env)
+
+    def work(self, resolved: ResolvedMatmulCuda, env: Mapping[Var, int]):
+        from treadle.schedule.templates.matmul_cuda_cost import matmul_work
+        return matmul_work(resolved, env)
+
+    def features(self, resolved: ResolvedMatmulCuda, target: CudaTarget) -> dict[str, float]:
+        from treadle.schedule.templates.matmul_cuda_cost import matmul_features
+        return matmul_features(resolved, target)
+
+    def layout_key(self, resolved: ResolvedMatmulCuda) -> None:
+        """The template lays out no operand: every variant reads them as they are."""
+        return None
+
     # What schedule construction asks of a template (schedule.template.Constructible):
     # in matmul_cuda_construction, imported here when used because it imports this module.
     def tiling_problem(self, pattern: GemmPattern, target: CudaTarget) -> TilingProblem:
@@ -166,17 +191,20 @@ class MatmulCudaTemplate:
         from treadle.schedule.templates.matmul_cuda_construction import matmul_config
         return matmul_config(state)
 
-    def predicted_seconds(self, resolved: ResolvedMatmulCuda, memory: MemoryHierarchy
-                          ) -> float:
+    def predicted_seconds(self, resolved: ResolvedMatmulCuda, memory: MemoryHierarchy,
+                          env: Mapping[Var, int] | None = None) -> float:
         from treadle.schedule.templates.matmul_cuda_construction import matmul_seconds
-        return matmul_seconds(resolved, memory)
+        return matmul_seconds(resolved, memory, env)
 
 
 MATMUL_CUDA = MatmulCudaTemplate()
 
 
-def _default(pattern: GemmPattern, target: CudaTarget) -> MatmulCudaConfig:
-    sizes = {role: product(e) for role, e in role_extents(pattern).items()}
+def _default(pattern: GemmPattern, target: CudaTarget, env: Mapping[Var, int] | None = None
+             ) -> MatmulCudaConfig:
+    """The largest block tile that gives every SM a block at the sizes the symbols take
+    in ``env``."""
+    sizes = {role: known(product(e), env) for role, e in role_extents(pattern).items()}
     if not all(isinstance(sizes[r], int) for r in ("batch", "m", "n")):
         return MatmulCudaConfig()  # symbolic sizes: the tile of large problems
     for bm, bn in sorted(BLOCKS, key=lambda b: -b[0] * b[1]):

@@ -40,9 +40,12 @@ good one; not fitted to measurements.
 """
 from __future__ import annotations
 
+import functools
 import math
+from typing import Mapping
 
 from treadle.errors import ScheduleConfigError
+from treadle.ir.expr import Var
 from treadle.schedule.templates.gemm.construction import (B, K, M, N, operand_accesses,
                                                           problem_sizes)
 from treadle.schedule.templates.gemm.pattern import ROLES, GemmPattern
@@ -109,28 +112,33 @@ def matmul_config(state: State) -> MatmulCudaConfig:
                             thread_m=thread[M], thread_n=thread[N], stages=STAGES)
 
 
-def matmul_seconds(resolved: ResolvedMatmulCuda, memory: MemoryHierarchy) -> float:
-    """The predicted time of a resolved config: its waves, each as long as its longest
-    term (``wave_terms``) and OVERLAP of the others, or every operand and the output
-    once at DRAM bandwidth."""
+def matmul_seconds(resolved: ResolvedMatmulCuda, memory: MemoryHierarchy,
+                   env: Mapping[Var, int] | None = None) -> float:
+    """The predicted time of a resolved config with the symbols at ``env``'s values: its
+    waves, each as long as its longest term (``wave_terms``) and OVERLAP of the others,
+    or every operand and the output once at DRAM bandwidth."""
     cfg, target = resolved.config, resolved.target
-    batch, m, n, k = problem_sizes(resolved.pattern)
-    waves = math.ceil(_blocks(resolved) / (target.sms * blocks_per_sm(cfg, target)))
+    sizes = problem_sizes(resolved.pattern, env)
+    batch, m, n, k = sizes
+    waves = math.ceil(_blocks(cfg, sizes) / (target.sms * blocks_per_sm(cfg, target)))
     once = ELEMENT_BYTES * batch * (m * k + k * n + m * n)
     dram_ns = once / (memory.level("DRAM").bandwidth * target.sms)
-    terms = wave_terms(resolved, memory).values()
+    terms = wave_terms(resolved, memory, sizes).values()
     wave_ns = max(terms) + OVERLAP * (sum(terms) - max(terms))
     return 1e-9 * max(waves * wave_ns, dram_ns)
 
 
-def wave_terms(resolved: ResolvedMatmulCuda, memory: MemoryHierarchy) -> dict[str, float]:
+def wave_terms(resolved: ResolvedMatmulCuda, memory: MemoryHierarchy,
+               sizes: tuple[int, ...] | None = None) -> dict[str, float]:
     """Nanoseconds one SM takes over a wave of its resident blocks (see the module), by
-    what bounds it."""
+    what bounds it, at ``sizes`` (batch, m, n, k; by default the pattern's own)."""
     cfg, target = resolved.config, resolved.target
-    steps = math.ceil(problem_sizes(resolved.pattern)[K] / cfg.block_k)
+    sizes = sizes or problem_sizes(resolved.pattern)
+    steps = math.ceil(sizes[K] / cfg.block_k)
     k = steps * cfg.block_k  # the last slice loads zeros
     # Blocks an SM runs together (one where there are none: an empty problem has no waves).
-    at_once = max(1, min(blocks_per_sm(cfg, target), math.ceil(_blocks(resolved) / target.sms)))
+    at_once = max(1, min(blocks_per_sm(cfg, target),
+                         math.ceil(_blocks(cfg, sizes) / target.sms)))
     warps = at_once * cfg.threads / target.warp_size
     cycle = memory.level("registers").latency_ns  # one cycle (target.cuda)
     slices = cfg.block_m + cfg.block_n  # elements of A and B a block stages per K
@@ -151,6 +159,7 @@ def wave_terms(resolved: ResolvedMatmulCuda, memory: MemoryHierarchy) -> dict[st
     }
 
 
+@functools.lru_cache(maxsize=1024)  # asked for every candidate at every size of a range
 def blocks_per_sm(cfg: MatmulCudaConfig, target: CudaTarget) -> int:
     """Blocks of ``cfg`` an SM holds at once: its threads, registers and shared memory."""
     per_thread = min(target.max_registers_per_thread,
@@ -161,9 +170,8 @@ def blocks_per_sm(cfg: MatmulCudaConfig, target: CudaTarget) -> int:
                       target.shared_bytes_per_sm // cfg.shared_bytes, MAX_BLOCKS_PER_SM))
 
 
-def _blocks(resolved: ResolvedMatmulCuda) -> int:
-    cfg = resolved.config
-    batch, m, n, _ = problem_sizes(resolved.pattern)
+def _blocks(cfg: MatmulCudaConfig, sizes: tuple[int, ...]) -> int:
+    batch, m, n, _ = sizes
     return batch * math.ceil(m / cfg.block_m) * math.ceil(n / cfg.block_n)
 
 

@@ -12,11 +12,11 @@ template protocol (``schedule.template``):
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from treadle.graph.operator import Operator
 from treadle.graph.tensor import normalize_dim
-from treadle.ir.expr import Buffer, Expr, Load, as_expr
+from treadle.ir.expr import Buffer, Expr, Load, Var, as_expr
 from treadle.ir.functor import free_vars, walk
 from treadle.ir.printer import format_buffer_type, format_expr
 from treadle.schedule.kernel import Kernel
@@ -102,8 +102,9 @@ class GemmTemplate:
     def constructed_config(self, state: State) -> GemmConfig:
         return gemm_config(state)
 
-    def predicted_seconds(self, resolved: ResolvedGemm, memory: MemoryHierarchy) -> float:
-        return gemm_seconds(resolved, memory)
+    def predicted_seconds(self, resolved: ResolvedGemm, memory: MemoryHierarchy,
+                          env: Mapping[Var, int] | None = None) -> float:
+        return gemm_seconds(resolved, memory, env)
 
 
 GEMM = GemmTemplate()

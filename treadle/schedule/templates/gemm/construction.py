@@ -7,7 +7,9 @@ fitted to measurements), evaluated on the *resolved* config: what runs.
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
+from treadle.ir.expr import Var
 from treadle.ir.functor import free_vars
 from treadle.schedule.templates.gemm.config import GemmConfig, registers_needed
 from treadle.schedule.templates.gemm.pattern import ROLES, GemmPattern, product, role_extents
@@ -60,10 +62,12 @@ def gemm_problem(pattern: GemmPattern, target: CpuTarget) -> TilingProblem:
                          target.cores, max(2, target.cores))
 
 
-def problem_sizes(pattern: GemmPattern) -> tuple[int, ...]:
-    """The extents of (batch, m, n, k), a symbolic one as construction counts it."""
+def problem_sizes(pattern: GemmPattern, env: Mapping[Var, int] | None = None
+                  ) -> tuple[int, ...]:
+    """The extents of (batch, m, n, k) with the symbols at ``env``'s values, a symbolic
+    one as construction counts it (``tiling.concrete``)."""
     extents = role_extents(pattern)
-    return tuple(concrete(product(extents[r])) for r in ROLES)
+    return tuple(concrete(product(extents[r]), env) for r in ROLES)
 
 
 def operand_accesses(pattern: GemmPattern) -> tuple[TensorAccess, ...]:
@@ -93,7 +97,8 @@ WEIGHTS = {"compute": 0.705, "pack_left": 5.834, "pack_right": 11.887, "panels":
            "steps": 0.464}
 
 
-def gemm_terms(gemm: ResolvedGemm, memory: MemoryHierarchy) -> dict[str, float]:
+def gemm_terms(gemm: ResolvedGemm, memory: MemoryHierarchy,
+               env: Mapping[Var, int] | None = None) -> dict[str, float]:
     """The terms of a resolved GEMM's predicted time (see gemm_seconds), in seconds:
 
         compute       multiply-adds over the peak, the register tile's efficiency (FMAs
@@ -110,7 +115,7 @@ def gemm_terms(gemm: ResolvedGemm, memory: MemoryHierarchy) -> dict[str, float]:
         steps         the register tile's K steps per thread (loop and address work), in ns
     """
     cfg, threads = gemm.cfg, gemm.threads
-    batch, m, n, k = (concrete(gemm.size(r)) for r in ROLES)
+    batch, m, n, k = (concrete(gemm.size(r), env) for r in ROLES)
     mr, nr, bm, bn, bk = cfg.micro_m, cfg.micro_n, cfg.block_m, cfg.block_n, cfg.block_k
     fmas, loads = mr * nr / 16, (mr + nr / gemm.lanes) / 2
     efficiency = fmas / max(fmas, loads)
@@ -140,9 +145,10 @@ def gemm_terms(gemm: ResolvedGemm, memory: MemoryHierarchy) -> dict[str, float]:
     }
 
 
-def gemm_seconds(gemm: ResolvedGemm, memory: MemoryHierarchy) -> float:
+def gemm_seconds(gemm: ResolvedGemm, memory: MemoryHierarchy,
+                 env: Mapping[Var, int] | None = None) -> float:
     """Predicted time of a resolved GEMM: the weighted sum of its terms (gemm_terms)."""
-    return sum(WEIGHTS[name] * value for name, value in gemm_terms(gemm, memory).items())
+    return sum(WEIGHTS[name] * value for name, value in gemm_terms(gemm, memory, env).items())
 
 
 def _reads(factor, pattern: GemmPattern, role: str) -> bool:

@@ -22,7 +22,7 @@ from treadle.errors import ScheduleConfigError
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, compute
 from treadle.ir.expr import Load, Var, ceil_div, maximum, minimum
-from treadle.ir.functor import evaluate, free_vars, substitute, walk
+from treadle.ir.functor import substitute, walk
 from treadle.ir.mapping import unravel
 from treadle.schedule.templates.gemm.config import (ELEMENT_BYTES, GemmConfig, check_config,
                                                     registers_needed)
@@ -30,6 +30,7 @@ from treadle.schedule.templates.gemm.micro_kernel import RegisterTile
 from treadle.schedule.templates.gemm.pattern import (ROLES, GemmPattern, f32, plain_left,
                                                      product, right_row, role_extents,
                                                      round_up, static)
+from treadle.schedule.tiling import known
 from treadle.target.cpu import CpuTarget
 
 # Micro-panels of N a window read in place may feed: two (ResNeXt's 32-channel groups)
@@ -166,7 +167,7 @@ def _fitted(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget, env: Mappi
     check_config(cfg, target)
     threads = target.cores
     extents = role_extents(pattern)
-    sizes = {r: _known(product(extents[r]), env) if r in roles else product(extents[r])
+    sizes = {r: known(product(extents[r]), env) if r in roles else product(extents[r])
              for r in ROLES}
     M, N, K = sizes["m"], sizes["n"], sizes["k"]
     cached_left = _left_bytes(pattern) <= target.l2_bytes
@@ -200,13 +201,6 @@ def _left_bytes(pattern: GemmPattern) -> float:
             return float("inf")
         total += size * buffer.dtype.nbytes
     return total
-
-
-def _known(size, env: Mapping[Var, int]):
-    """``size`` as an int where ``env`` gives every symbol it holds, else as it is."""
-    if isinstance(size, int) or not env or not free_vars(size) <= set(env):
-        return size
-    return int(evaluate(size, env))
 
 
 def register_lanes(cfg: GemmConfig, target: CpuTarget) -> int:

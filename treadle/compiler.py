@@ -126,7 +126,7 @@ class _Slots:
         # Tensors are held, so that no later tensor takes the id of one that is gone.
         self.tensors = list(graph.tensors)
         self.index = {id(t): k for k, t in enumerate(self.tensors)}
-        self.slots = [Slot(t.name, t.dtype, t.shape) for t in self.tensors]
+        self.slots = [_slot(t) for t in self.tensors]
         self.constants = {self.index[id(t)]: t.data for t in self.tensors if t.is_constant}
 
     def __getitem__(self, tensor: Tensor) -> int:
@@ -139,6 +139,15 @@ class _Slots:
             self.slots.append(Slot(tensor.name, tensor.dtype, tensor.shape))
             self.constants[self.index[id(tensor)]] = tensor.data
         return self.index[id(tensor)]
+
+
+def _slot(tensor: Tensor) -> Slot:
+    """The tensor's slot, which holds a size where its operator finds one in the data."""
+    op = tensor.producer
+    found = [d for d in op.data_sizes if op.outputs[d.output] is tensor] if op else []
+    if found:
+        return Slot(tensor.name, tensor.dtype, tensor.shape, found[0].symbol, found[0].bound)
+    return Slot(tensor.name, tensor.dtype, tensor.shape)
 
 
 def _kernel_step(name: str, kernel: FusedKernel, slots: _Slots, unique: dict[Function, Function]

@@ -288,3 +288,32 @@ def test_grid_sample_of_a_volume(mode):
 def test_max_pool_indices(pool, shape):
     """Positions within each plane, as PyTorch counts them (ONNX counts over the tensor)."""
     _matches(pool, torch.randn(shape))
+
+
+SELECTIONS = {
+    "nonzero": lambda x: torch.nonzero(x > 0),
+    "nonzero_of_a_vector": lambda x: torch.nonzero(x[0] < 0),
+    "mask": lambda x: x[x > 0] * 2,
+    "mask_of_rows": lambda x: x[x[:, 0] > 0] + 1,
+    "mask_of_columns": lambda x: x[:, x[0] > 0],
+    "masked_select_broadcast": lambda x: torch.masked_select(x, x[:1] < 0).sum(),
+    "nothing_selected": lambda x: torch.nonzero(x > 100),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SELECTIONS))
+@pytest.mark.parametrize("size", [2, 7, 13])  # torch.export fixes a symbolic size traced at 1
+def test_selections_whose_size_comes_from_the_data(name, size):
+    """Sizes found when the model runs: one compile serves every count, here a second
+    call with other values and sizes included."""
+    function = SELECTIONS[name]
+    model = Function(function).eval()
+    x = torch.randn(size, 5)
+    compiled = treadle.compile(model, (x,), dims={0: {0: "n"}})
+    for n in (size, size + 2):
+        x = torch.randn(n, 5)
+        got = torch.utils._pytree.tree_leaves(compiled(x))
+        expected = torch.utils._pytree.tree_leaves(function(x))
+        for g, e in zip(got, expected, strict=True):
+            np.testing.assert_allclose(np.asarray(g), e.numpy(), rtol=1e-5, atol=1e-6)
+            assert np.asarray(g).shape == tuple(e.shape)

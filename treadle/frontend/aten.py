@@ -701,6 +701,43 @@ def _masked_scatter(call: Call, x, mask, source):
     return call.op("Where", mask, call.reshape(picked, call.shape), x)
 
 
+@aten("nonzero.default")
+def _nonzero(call: Call, x):
+    """The coordinates of ``x``'s non-zero elements, a row each. Their count is a size
+    the tracer cannot know (an unbacked symbol): it becomes the symbol that NonZeroRows'
+    kernel binds, wherever a later node's shape holds it."""
+    return _found_rows(call, x, call.value.shape[0])
+
+
+def _found_rows(call: Call, mask: Tensor, size) -> Tensor:
+    """NonZeroRows of ``mask``, its count standing for ``size``, the tracer's symbol."""
+    rows = call.op("NonZeroRows", mask)
+    call.importer.symbols[str(size.node.expr)] = rows.producer.data_sizes[0].symbol.name
+    return rows
+
+
+def _masked(call: Call, x: Tensor, at: int, mask: Tensor) -> Tensor:
+    """``x[..., mask]`` with the mask over dimensions ``at`` on: the elements (or slices)
+    where it is true, in row-major order, their count in place of its dimensions."""
+    rows = _found_rows(call, mask, call.value.shape[at])
+    covered = list(range(at, at + mask.rank))
+    rest = [d for d in range(x.rank) if d not in covered]
+    front = x if at == 0 else call.op("Transpose", x, perm=covered + rest)
+    picked = call.op("GatherND", front, rows)
+    if at == 0:
+        return picked
+    return call.op("Transpose", picked, perm=[*range(1, at + 1), 0,
+                                              *range(at + 1, picked.rank)])
+
+
+@aten("masked_select.default")
+def _masked_select(call: Call, x, mask):
+    """The elements of ``x`` where ``mask`` is true, both broadcast, as a vector."""
+    common = torch.broadcast_shapes(*(a.meta["val"].shape for a in call.node.args[:2]))
+    shape = call.dims([call.importer.dim(d) for d in common])
+    return _masked(call, call.op("Expand", x, shape), 0, call.op("Expand", mask, shape))
+
+
 @aten("index_select.default")
 def _index_select(call: Call, x, dim, index):
     # A scalar index selects as a one-element list: the dimension stays.
@@ -739,8 +776,8 @@ class Advanced:
 def _advanced(call: Call, x: Tensor, indices: Sequence[Optional[Tensor]]) -> Advanced:
     given = [k for k, t in enumerate(indices) if t is not None]
     if any(indices[k].dtype == dtypes.boolean for k in given):
-        raise UnsupportedOpError(f"{call.where}: indexing with a mask (its result's shape "
-                                 "depends on the mask's contents)")
+        raise UnsupportedOpError(f"{call.where}: indexing with a mask beside other "
+                                 "indices")
     rest = [k for k in range(x.rank) if k not in given]
     front = x if given == list(range(len(given))) else \
         call.op("Transpose", x, perm=given + rest)
@@ -755,7 +792,9 @@ def _advanced(call: Call, x: Tensor, indices: Sequence[Optional[Tensor]]) -> Adv
 def _index(call: Call, x, indices):
     """Advanced indexing: elements picked with GatherND (or Gather, for one index)."""
     given = [k for k, t in enumerate(indices) if t is not None]
-    if len(given) == 1 and indices[given[0]].dtype != dtypes.boolean:
+    if len(given) == 1 and indices[given[0]].dtype == dtypes.boolean:
+        return _masked(call, x, given[0], indices[given[0]])
+    if len(given) == 1:
         return call.op("Gather", x, indices[given[0]], axis=given[0])
     advanced = _advanced(call, x, indices)
     y = call.op("GatherND", advanced.front, advanced.where)

@@ -35,6 +35,7 @@ from treadle.errors import ModelError, NeedsValueError, UnsupportedOpError
 from treadle.frontend import control_flow, functions
 from treadle.graph.graph import Graph
 from treadle.graph.operator import REGISTRY, apply
+from treadle.graph.ops import selection
 from treadle.graph.ops.common import ONNX_DTYPES
 from treadle.graph.ops.shape import constant_value
 from treadle.graph.tensor import Tensor, constant
@@ -44,7 +45,14 @@ from treadle.ir.dtypes import DataType
 OPSETS = range(11, 29)  # versions of the default domain whose op semantics treadle follows
 DEFAULT_DOMAINS = ("", "ai.onnx")
 # Op types the importer handles itself rather than through the registry.
-IMPORTED_DIRECTLY = {"Constant"}
+# ONNX operators imported as a few of treadle's: (inputs, attributes, node name, output
+# name) -> outputs.
+EXPANDED: dict[str, Callable] = {
+    "NonZero": lambda inputs, attrs, name, out: [selection.nonzero(inputs[0], name, out)],
+    "Compress": lambda inputs, attrs, name, out: [
+        selection.compress(inputs[0], inputs[1], attrs.get("axis"), name, out)],
+}
+IMPORTED_DIRECTLY = {"Constant", *EXPANDED}
 # Nodes whose subgraphs are imported in place (``control_flow``).
 CONTROL_FLOW = frozenset({"If", "Scan", "Loop"})
 NAMES_SHOWN = 5  # node names listed per unsupported op type
@@ -314,6 +322,8 @@ def _import_node(node: onnx.NodeProto, index: int, env: Mapping[str, Tensor],
             return expanded
     attrs = {a.name: _attribute(a, name, node.op_type) for a in node.attribute}
     output_names = [prefix + o if o else o for o in node.output]
+    if node.op_type in EXPANDED:
+        return EXPANDED[node.op_type](inputs, attrs, name, output_names[0] or None)
     older = OLDER_FORMS.get(node.op_type)
     if older is not None and opset < older.until:
         return older.rewrite(node.op_type, inputs, attrs, name, output_names)

@@ -182,7 +182,9 @@ def as_dim(value, names: Mapping[str, str]) -> Dim:
         constant_value = value.node.maybe_as_int()
         if constant_value is not None:
             return constant_value
-        if free_unbacked_symbols(value):  # no input's shape would give it at run time
+        # No input's shape gives an unbacked size at run time: only a kernel that finds
+        # it in the data (nonzero) does, whose symbol ``names`` then holds.
+        if any(s.name not in names for s in free_unbacked_symbols(value)):
             raise UnsupportedOpError(f"size {value} is computed from a tensor's contents")
         return size_expr(value.node.expr, names)
     if isinstance(value, (bool, torch.SymBool, torch.SymFloat)):

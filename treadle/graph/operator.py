@@ -15,6 +15,7 @@ the node and its op type.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -23,7 +24,8 @@ import numpy as np
 from treadle.errors import NeedsValueError, ShapeError, TreadleError, UnsupportedOpError
 from treadle.graph.tensor import Dim, Tensor, normalize_shape
 from treadle.ir.compute import Compute
-from treadle.ir.expr import Buffer, Expr
+from treadle.ir.dtypes import int64
+from treadle.ir.expr import Buffer, Expr, Var, as_expr
 
 Define = Callable[["OpContext"], Sequence[Compute]]
 
@@ -79,6 +81,17 @@ class OpContext:
         self.buffers = [None if t is None else Buffer(f"in{k}", t.dtype, t.shape)
                         for k, t in enumerate(inputs)]
         self.checks: list[tuple[Expr, str]] = []
+        self.data_sizes: list[DataSize] = []
+
+    def size_from_data(self, output: int, bound: Dim) -> Var:
+        """A size the operator's kernel finds in the data (how many elements NonZero
+        selects): a symbol of its own, named after the node so that defining the node
+        again gives the same one. Output ``output`` (an int64 scalar) holds its value
+        after the kernel has run; it is at most ``bound``, an expression of the inputs'
+        sizes, which memory is planned for."""
+        var = Var(re.sub(r"\W", "_", f"{self.name}_size{len(self.data_sizes)}"), int64)
+        self.data_sizes.append(DataSize(var, output, as_expr(bound)))
+        return var
 
     def require(self, cond: Expr, message: str) -> None:
         """A condition on symbolic sizes that only run time can decide; kernels check it."""
@@ -139,6 +152,14 @@ class OpContext:
 _node_ids = itertools.count()
 
 
+@dataclass(frozen=True)
+class DataSize:
+    """A symbol whose value a kernel computes (``OpContext.size_from_data``)."""
+    symbol: Var
+    output: int
+    bound: Expr
+
+
 @dataclass(eq=False)
 class Operator:
     op_type: str
@@ -149,6 +170,7 @@ class Operator:
     definition: tuple[Compute, ...] = field(default=(), repr=False)
     input_buffers: tuple[Optional[Buffer], ...] = field(default=(), repr=False)
     checks: tuple[tuple[Expr, str], ...] = field(default=(), repr=False)
+    data_sizes: tuple[DataSize, ...] = field(default=(), repr=False)
 
     @property
     def opdef(self) -> OpDef:
@@ -184,7 +206,7 @@ def apply(op_type: str, inputs: Sequence[Optional[Tensor]], attrs: dict | None =
         raise ctx.unsupported(f"output {len(computes)} ({names[len(computes)]!r}) is not "
                               f"supported; the operator defines {len(computes)} output(s)")
     op = Operator(op_type, name, tuple(inputs), ctx.attrs, (), computes, tuple(ctx.buffers),
-                  tuple(ctx.checks))
+                  tuple(ctx.checks), tuple(ctx.data_sizes))
     outputs = []
     for k, c in enumerate(computes):
         out_name = names[k] if k < len(names) and names[k] else f"{name}:{k}"

@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from treadle.errors import UnsupportedOpError
 from treadle.ir.stmt import Function
 from treadle.runtime.executor import Executable, Slot, Step, evaluate_shape
 
@@ -45,6 +46,12 @@ class CudaExecutable(Executable):
     def __init__(self, slots: Sequence[Slot], inputs: Sequence[int], outputs: Sequence[int],
                  constants, steps: Sequence[Step], arch: str):
         super().__init__(slots, inputs, outputs, constants, steps, runner=None)
+        if self.found:
+            slot = self.slots[next(iter(self.found.values()))]
+            raise UnsupportedOpError(
+                f"tensor {slot.name!r}: its size ({slot.holds.name}) is found in the data, "
+                "as NonZero's and Compress's are, which the CUDA target does not run yet; "
+                "compile the model for the CPU")
         self.arch = arch
         self._device_lock = threading.Lock()
         self._modules: dict[bytes, object] = {}
@@ -66,7 +73,7 @@ class CudaExecutable(Executable):
                 kernel.check_status()
             for slot, result in call.results.items():
                 cuda.copy_to_host(call.address[slot], result)
-            return [self._owned(s, {**call.results, **dict(zip(self.inputs, arrays))})
+            return [self._owned(s, {**call.results, **dict(zip(self.inputs, arrays))}, symbols)
                     for s in self.outputs]
 
     def simulate(self, *args, **named) -> list[np.ndarray]:
@@ -90,7 +97,7 @@ class CudaExecutable(Executable):
             sizes = {v.name: symbols[v] for v in self._step_symbols[index]}
             for launch in step.kernel.launches:
                 simulate(launch, *buffers, **sizes)
-        return [self._owned(s, values) for s in self.outputs]
+        return [self._owned(s, values, symbols) for s in self.outputs]
 
     def _constants_on_device(self) -> dict[int, object]:
         if self._device_constants is None:

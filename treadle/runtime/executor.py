@@ -43,6 +43,10 @@ class Slot:
     name: str
     dtype: DataType
     shape: tuple[Dim, ...]
+    # An int64 scalar a kernel writes the value of a size symbol into (how many elements
+    # NonZero found), at most ``bound``, an expression of the inputs' sizes.
+    holds: Optional[Var] = None
+    bound: Optional[Expr] = None
 
 
 @dataclass(frozen=True)
@@ -87,8 +91,13 @@ class Executable:
         self.outputs = tuple(outputs)
         self.constants = {slot: _aligned(array) for slot, array in constants.items()}
         self.steps = tuple(steps)
+        # Symbols whose values kernels find in the data, by the slot holding each.
+        self.found = {s.holds: k for k, s in enumerate(self.slots) if s.holds is not None}
         self.symbols = sorted({v for s in self.slots for d in s.shape if isinstance(d, Expr)
-                               for v in free_vars(d)}, key=lambda v: v.name)
+                               for v in free_vars(d)} - set(self.found), key=lambda v: v.name)
+        self._data_shaped = {k for k, s in enumerate(self.slots)
+                             if any(isinstance(d, Expr) and free_vars(d) & set(self.found)
+                                    for d in s.shape)}
         self._plans: OrderedDict[tuple, _Plan] = OrderedDict()  # least recently used first
         self._bound: dict[tuple, dict[Var, int]] = {}  # input shapes -> their symbols' values
         self._lock = threading.Lock()
@@ -99,7 +108,10 @@ class Executable:
                               step.kernel.function.params[len(step.args):]
                               for step in self.steps]
         self.runner = runner
-        self._table = None if runner is None else _RunnerTable.of(self, load_runner(runner))
+        # The runner runs every step in one call: sizes found in the data need a stop
+        # after the kernel finding each, so such models run their steps from Python.
+        self._table = None if runner is None or self.found else \
+            _RunnerTable.of(self, load_runner(runner))
         # Inputs of constant shapes (most models) are checked by one comparison each.
         shapes = [self.slots[i].shape for i in self.inputs]
         self._static_shapes = (None if any(isinstance(d, Expr) for s in shapes for d in s)
@@ -162,7 +174,9 @@ class Executable:
                 values[slot] = np.empty(plan.shapes[slot], self.slots[slot].dtype.numpy)
         if watch is None and self._table is not None:
             self._table.run(plan, base, values, symbols)
-            return [self._owned(s, values) for s in self.outputs]
+            return [self._owned(s, values, symbols) for s in self.outputs]
+        # A size found in the data stands at its bound until its kernel has run.
+        symbols = {**symbols, **self._bounds(symbols)} if self.found else symbols
         # Kernels take addresses: those of arrays, or the arena's base plus the planned
         # offset; a view's address is its source's, so no array is made for either.
         address = dict(self._constant_addresses)
@@ -172,8 +186,8 @@ class Executable:
                 source, out = step.args[0], step.outputs[0]
                 pointer = address[source] if source in address else base + plan.offsets[source]
                 if out in values:  # a graph output: the caller's array gets a copy
-                    values[out][...] = self._array(pointer, source, plan).reshape(
-                        plan.shapes[out])
+                    self._written(out, values, symbols)[...] = self._array(
+                        pointer, source, symbols).reshape(self._shape(out, symbols))
                 else:
                     address[out] = pointer
                 continue
@@ -182,15 +196,51 @@ class Executable:
             scalars = [symbols[v] for v in self._step_symbols[index]]
             begin = time.perf_counter()
             step.kernel.call_unchecked(pointers + scalars)
+            if self.found:
+                self._read_found(step, pointers, symbols)
             if watch is not None:
                 seconds = time.perf_counter() - begin
-                watch(step, seconds, {s: self._array(pointers[step.args.index(s)], s, plan)
+                watch(step, seconds, {s: self._array(pointers[step.args.index(s)], s, symbols)
                                       for s in step.outputs})
-        return [self._owned(s, values) for s in self.outputs]
+        return [self._owned(s, values, symbols) for s in self.outputs]
 
-    def _array(self, pointer: int, slot: int, plan: _Plan) -> np.ndarray:
+    def _bounds(self, symbols: Mapping[Var, int]) -> dict[Var, int]:
+        """The bound of each size found in the data, at the inputs' sizes: what memory
+        is planned for."""
+        bounds: dict[Var, int] = {}
+        for var, slot in self.found.items():  # in graph order: a bound may use earlier ones
+            bounds[var] = int(evaluate(self.slots[slot].bound, {**symbols, **bounds}))
+        return bounds
+
+    def _read_found(self, step: Step, pointers: Sequence[int], symbols: dict[Var, int]) -> None:
+        """Binds the sizes ``step`` has found in the data, checked against their bounds."""
+        for slot in step.outputs:
+            var = self.slots[slot].holds
+            if var is None:
+                continue
+            value = ctypes.c_int64.from_address(pointers[step.args.index(slot)]).value
+            bound = int(evaluate(self.slots[slot].bound, symbols))
+            if not 0 <= value <= bound:
+                raise KernelError(f"step {step.name}: found {value} elements for "
+                                  f"{var.name}, outside 0..{bound}")
+            symbols[var] = value
+
+    def _shape(self, slot: int, symbols: Mapping[Var, int]) -> tuple[int, ...]:
+        return evaluate_shape(self.slots[slot].shape, symbols)
+
+    def _written(self, slot: int, values: dict[int, np.ndarray], symbols: Mapping[Var, int]
+                 ) -> np.ndarray:
+        """The part of graph output ``slot``'s array that this call fills: all of it, or
+        where a size is found in the data, the first elements of the bound's."""
+        array = values[slot]
+        if slot not in self._data_shaped:
+            return array
+        shape = self._shape(slot, symbols)
+        return array.reshape(-1)[:int(np.prod(shape, dtype=np.int64))].reshape(shape)
+
+    def _array(self, pointer: int, slot: int, symbols: Mapping[Var, int]) -> np.ndarray:
         """Slot ``slot`` of this call, at ``pointer``, as an array (to copy a view)."""
-        dtype, shape = self.slots[slot].dtype.numpy, plan.shapes[slot]
+        dtype, shape = self.slots[slot].dtype.numpy, self._shape(slot, symbols)
         count = int(np.prod(shape, dtype=np.int64))
         buffer = (ctypes.c_char * (count * dtype.itemsize)).from_address(pointer)
         return np.frombuffer(buffer, dtype, count).reshape(shape)
@@ -206,9 +256,12 @@ class Executable:
             self._arenas.base = arena.ctypes.data + (-arena.ctypes.data) % ALIGN
         return self._arenas.base
 
-    def _owned(self, slot: int, values: dict[int, np.ndarray]) -> np.ndarray:
+    def _owned(self, slot: int, values: dict[int, np.ndarray], symbols: Mapping[Var, int]
+               ) -> np.ndarray:
         # Inputs and constants returned as outputs are copied: the caller owns the result.
         if slot in values and slot not in self.inputs:
+            if slot in self._data_shaped:  # only the part found, not the bound's memory
+                return self._written(slot, values, symbols).copy()
             return values[slot]
         return (values[slot] if slot in values else self.constants[slot]).copy()
 
@@ -235,6 +288,8 @@ class Executable:
         if not isinstance(value, np.ndarray) and hasattr(value, "detach") \
                 and hasattr(value, "numpy"):  # a torch tensor
             value = value.detach().cpu().numpy()
+        if isinstance(value, np.generic):  # a numpy scalar for a rank-0 input
+            value = np.asarray(value)
         if not isinstance(value, np.ndarray):
             raise ArgumentError(f"input {slot.name!r}: expected a numpy array, got "
                                 f"{type(value).__name__}")
@@ -286,7 +341,8 @@ class Executable:
             with self._lock:
                 plan = self._plans.get(key)
                 if plan is None:
-                    plan = self._plans[key] = self._make_plan(symbols)
+                    plan = self._plans[key] = self._make_plan({**symbols,
+                                                               **self._bounds(symbols)})
                     while len(self._plans) > config.plan_cache:
                         self._plans.popitem(last=False)
         elif key:  # a static model has one plan, and nothing to reorder on its calls

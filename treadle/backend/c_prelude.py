@@ -20,7 +20,10 @@ from typing import Callable
 from treadle.errors import IRError
 from treadle.ir.dtypes import DataType
 
-INCLUDES = ("stdbool.h", "stddef.h", "stdint.h", "math.h", "immintrin.h")
+INCLUDES = ("stdbool.h", "stddef.h", "stdint.h", "math.h")
+# Included only where a kernel calls an intrinsic: parsing it takes gcc about 0.2 s, most
+# of what a small kernel costs to compile.
+INTRINSICS = "immintrin.h"
 
 SCALAR_TYPES = {
     "float32": "float", "float64": "double", "float16": "_Float16",
@@ -286,6 +289,12 @@ HELPERS: dict[str, Callable[[DataType, str], str]] = {
 class Prelude:
     def __init__(self):
         self.parts: dict[str, str] = {}
+        self.includes = list(INCLUDES)
+
+    def include(self, header: str) -> None:
+        """``header`` among the includes (once), for what a printer emits."""
+        if header not in self.includes:
+            self.includes.append(header)
 
     def type(self, dtype: DataType) -> str:
         """The C type of ``dtype``, declaring the typedefs of a vector type on first use."""
@@ -318,6 +327,6 @@ class Prelude:
         return name
 
     def text(self) -> str:
-        includes = "\n".join(f"#include <{h}>" for h in INCLUDES)
+        includes = "\n".join(f"#include <{h}>" for h in self.includes)
         return "\n\n".join([includes, *self.parts.values()])
 

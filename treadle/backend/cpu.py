@@ -19,6 +19,7 @@ from treadle.backend.build import build_with, c_toolchain
 from treadle.backend.c import (CALL_PRINTERS, LOOP_PRINTERS, PRIMARY, STMT_PRINTERS, CPrinter,
                                c_name, print_let, print_loop, print_store, scalar_float_call)
 from treadle.backend.c import generate as generate_c
+from treadle.backend.c_prelude import INTRINSICS
 from treadle.config import usable_cores
 from treadle.errors import IRError
 from treadle.ir import dtypes
@@ -66,6 +67,7 @@ def _fma(p: CpuPrinter, e: Call):
         raise IRError(f"{e}: fma is not supported for vector dtype {e.dtype} on this CPU "
                       f"(it has {', '.join(d.name for d in have)})")
     intrinsic = FMA_INTRINSICS[e.dtype]
+    p.prelude.include(INTRINSICS)
     return p.call(intrinsic, *(p.text_as(a, e.dtype) for a in e.args))
 
 

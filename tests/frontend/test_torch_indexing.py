@@ -192,11 +192,6 @@ def test_take_along_dim_and_gather(size):
              torch.randint(0, 5 * size, (2, 3)), torch.randint(0, 5, (size, 4)))
 
 
-def test_single_argument_where_names_the_node_and_why():
-    with pytest.raises(UnsupportedOpError, match="'nonzero'.*depends on its input's values"):
-        treadle.compile(Function(lambda x: torch.where(x > 0)).eval(), torch.randn(7, 5))
-
-
 TIES = torch.tensor([[3.0, 1.0, 3.0, float("nan"), -2.0, 1.0, 3.0, float("nan"), -np.inf],
                      [0.0] * 9, [5.0, 4.0, 3.0, 2.0, 1.0, 0.0, -1.0, -2.0, -3.0]])
 
@@ -298,6 +293,7 @@ SELECTIONS = {
     "mask_of_columns": lambda x: x[:, x[0] > 0],
     "masked_select_broadcast": lambda x: torch.masked_select(x, x[:1] < 0).sum(),
     "nothing_selected": lambda x: torch.nonzero(x > 100),
+    "single_argument_where": lambda x: torch.where(x > 0),
 }
 
 

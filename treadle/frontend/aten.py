@@ -23,6 +23,7 @@ import torch
 from treadle.errors import TreadleError, UnsupportedOpError
 from treadle.frontend.torch import CHECKS, Importer, numpy_of, torch_dtype
 from treadle.graph.operator import apply
+from treadle.graph.ops import unique
 from treadle.graph.ops.shape import dims_tensor
 from treadle.graph.tensor import Dim, Tensor, constant, num_elements
 from treadle.ir import dtypes
@@ -728,6 +729,36 @@ def _masked(call: Call, x: Tensor, at: int, mask: Tensor) -> Tensor:
         return picked
     return call.op("Transpose", picked, perm=[*range(1, at + 1), 0,
                                               *range(at + 1, picked.rank)])
+
+
+@aten("_unique2.default")
+def _unique2(call: Call, x, sorted=True, return_inverse=False, return_counts=False):
+    """``torch.unique`` without ``dim``, over the flattened elements. Their order for
+    ``sorted=False`` is PyTorch's to choose; ascending is what its CPU kernel gives."""
+    return _unique(call, x, None, False, return_inverse, return_counts)
+
+
+@aten("unique_dim.default")
+def _unique_dim(call: Call, x, dim, sorted=True, return_inverse=False, return_counts=False):
+    return _unique(call, x, dim, False, return_inverse, return_counts)
+
+
+@aten("unique_consecutive.default")
+def _unique_consecutive(call: Call, x, return_inverse=False, return_counts=False, dim=None):
+    return _unique(call, x, dim, True, return_inverse, return_counts)
+
+
+def _unique(call: Call, x: Tensor, dim: Optional[int], consecutive: bool, inverse: bool,
+            counts: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(values, inverse indices, counts) as ATen gives them: a result not asked for is
+    empty; over the flattened elements, the inverse indices take ``x``'s shape. The
+    count is the tracer's unbacked symbol, which UniqueRows' kernel binds."""
+    found = unique.unique(x, dim, True, f"{call.node.name}/unique", consecutive=consecutive)
+    size = call.value.shape[0 if dim is None else dim % x.rank]
+    call.importer.symbols[str(size.node.expr)] = found[3].producer.data_sizes[0].symbol.name
+    empty = call.const(np.zeros(0, np.int64), dtypes.int64)
+    where = call.reshape(found[2], x.shape) if dim is None else found[2]
+    return found[0], where if inverse else empty, found[3] if counts else empty
 
 
 @aten("masked_select.default")

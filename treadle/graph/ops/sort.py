@@ -16,6 +16,7 @@ the largest and last among the smallest.
 from __future__ import annotations
 
 import math
+from typing import Callable, Sequence
 
 from treadle.graph.operator import OpContext, Operator, register
 from treadle.graph.ops.common import normalize_axis
@@ -44,7 +45,7 @@ def _kernel(op: Operator, name: str) -> Kernel:
     axis = op.attrs.get("axis", -1) % x.rank
     length, k = normalize_dim(x.shape[axis]), normalize_dim(values.shape[axis])
     outer, inner = x.shape[:axis], x.shape[axis + 1:]
-    better = _better(bool(op.attrs.get("largest", 1)), x.dtype)
+    better = ranking(bool(op.attrs.get("largest", 1)), x.dtype)
     inserting = isinstance(k, int) and (k <= MAX_INSERTION_K or (
         isinstance(length, int) and k * k <= INSERTION_RATIO * length))
     with FunctionBuilder(name) as fb:
@@ -107,15 +108,24 @@ def _sort_line(fb: FunctionBuilder, x: Buffer, outputs: tuple[Buffer, Buffer], r
     for j in fb.range(length, name="j"):
         fb.store(a[0], (line, j), x[at(j)])
         fb.store(a[1], (line, j), cast(j, dtypes.int64))
+    merge_sort(fb, a, b, line, length, better)
+    for j in fb.range(k, name="j"):
+        for out, run in zip(outputs, a):
+            fb.store(out, at(j), run[line, j])
+
+
+def merge_sort(fb: FunctionBuilder, a: Sequence[Buffer], b: Sequence[Buffer], line, length,
+               better: Callable[[Expr, Expr], Expr]) -> None:
+    """Sorts row ``line`` of the runs ``a`` (the first holds the keys ``better`` ranks,
+    the others travel with them) over its first ``length`` elements, stably, by merging
+    ever longer sorted runs from ``a`` to the workspaces ``b`` and back, two passes a
+    round so that the result ends in ``a``: O(length log length)."""
     width = fb.scalar("width", dtypes.index_type, 1)
     for _ in fb.range(MAX_PASSES // 2, name="round"):
         with fb.if_(width[()] < length):
             _merge_pass(fb, a, b, line, width[()], length, better)
             _merge_pass(fb, b, a, line, width[()] * 2, length, better)
             fb.store(width, (), width[()] * 4)
-    for j in fb.range(k, name="j"):
-        for out, run in zip(outputs, a):
-            fb.store(out, at(j), run[line, j])
 
 
 def _merge_pass(fb: FunctionBuilder, source, target, line, width, length, better) -> None:
@@ -140,7 +150,7 @@ def _merge_pass(fb: FunctionBuilder, source, target, line, width, length, better
             fb.store(right, (), right[()] + 1 - cast(take_left, dtypes.index_type))
 
 
-def _better(largest: bool, dtype: dtypes.DataType):
+def ranking(largest: bool, dtype: dtypes.DataType) -> Callable[[Expr, Expr], Expr]:
     """Whether a ranks strictly before b."""
     def better(a: Expr, b: Expr) -> Expr:
         first = a > b if largest else a < b

@@ -18,6 +18,7 @@ so a bad index can never read outside a buffer.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Optional, Sequence
 
@@ -27,9 +28,10 @@ from treadle.errors import DTypeError
 from treadle.graph.operator import OpContext, register
 from treadle.graph.ops.common import (broadcast_load, broadcast_shape, normalize_axes,
                                       normalize_axis, same_dtype)
+from treadle.graph.ops.reduce import accumulator
 from treadle.graph.tensor import Dim, num_elements
 from treadle.ir import dtypes
-from treadle.ir.compute import compute
+from treadle.ir.compute import compute, reduce
 from treadle.ir.expr import (Binary, Const, Expr, as_expr, call, cast, eq, logical_and,
                              maximum, minimum, select)
 from treadle.ir.functor import free_vars
@@ -664,6 +666,24 @@ NEAREST = {
     "ceil": lambda x: call("ceil", x),
 }
 
+# Antialiasing (opset 18) on an axis scaled down by s < 1: each output position blends
+# the input under the interpolation kernel stretched by 1/s, its weights normalised to
+# sum to 1, as ONNX Runtime (after Pillow) computes it. Scaled up, the kernel is as
+# without antialiasing. The kernel's radius at scale 1, in input elements:
+KERNEL_RADIUS = {"linear": 1.0, "cubic": 2.0}
+
+
+@dataclass(frozen=True)
+class Stretched:
+    """An axis resampled with the stretched kernel: ``taps`` input positions per output
+    position p, from floor(p - support) + 1 on, weighted by the kernel at (j - p) * shrink.
+    ``shrink`` is min(scale, 1) and ``support`` the kernel's radius over it (float32
+    expressions); ``taps`` is an int, or an expression where the scale is known only at
+    run time."""
+    taps: Dim
+    shrink: Expr
+    support: Expr
+
 
 @register("Resize")
 def resize(ctx: OpContext):
@@ -676,7 +696,11 @@ def resize(ctx: OpContext):
     moved = [a for a in range(len(shape))
              if not (out[a] == shape[a] and scales[a] in (1, None) and roi[a] == (0.0, 1.0))]
     source = _source_position(ctx, shape, out, scales, roi)
-    element = _resample(ctx, x, mode, shape, moved, source)
+    stretched = {a: s for a in moved if (s := _stretched(ctx, mode, shape[a], out[a], scales[a]))}
+    if stretched:
+        element = _antialiased(ctx, x, mode, shape, out, moved, stretched, source)
+    else:
+        element = _resample(ctx, x, mode, shape, moved, source)
     if ctx.attr("coordinate_transformation_mode") != CROP:
         return [compute("y", out, element)]
     fill = cast(Const(float(ctx.attr("extrapolation_value", 0.0)), dtypes.float32), x.dtype)
@@ -707,14 +731,106 @@ def _resample(ctx: OpContext, x, mode: str, shape: list[Dim], moved: list[int], 
     taps = _linear_taps if mode == "linear" else _cubic_taps(ctx)
 
     def blend(*i):
-        # The product over moved axes of each axis's taps: (index, weight) pairs.
-        terms = [(list(i), None)]
-        for a in moved:
-            terms = [(index[:a] + [k] + index[a + 1:], _times(weight, cast(w, x.dtype)))
-                     for index, weight in terms for k, w in taps(source(a, i[a]), shape[a])]
-        return _pairwise_sum([x[tuple(index)] if weight is None else weight * x[tuple(index)]
-                              for index, weight in terms])
+        return _blend(x, i, {a: taps(source(a, i[a]), shape[a]) for a in moved}, x.dtype)
     return blend
+
+
+def _blend(x, i: Sequence[Expr], taps: dict[int, list[tuple[Expr, Expr]]],
+           dtype: dtypes.DataType) -> Expr:
+    """The sum, in ``dtype``, of x at every combination of one tap per axis (an index
+    along it and its weight) times the product of the taps' weights; other axes read i."""
+    terms = [(list(i), None)]
+    for a, pairs in taps.items():
+        terms = [(index[:a] + [k] + index[a + 1:], _times(weight, cast(w, dtype)))
+                 for index, weight in terms for k, w in pairs]
+    return _pairwise_sum([_times(weight, cast(x[tuple(index)], dtype))
+                          for index, weight in terms])
+
+
+def _antialiased(ctx: OpContext, x, mode: str, shape: list[Dim], out: list[Dim],
+                 moved: list[int], stretched: dict[int, Stretched], source):
+    """The function from an output index to its value where some axes use the stretched
+    kernel: a sum over the taps of the stretched axes (each term blending the plain taps
+    of the other moved axes), divided by the product of the stretched axes' weight totals,
+    one small table per axis."""
+    work = accumulator(x.dtype)
+    plain = _linear_taps if mode == "linear" else _cubic_taps(ctx)
+    window = _stretched_taps(ctx, mode, shape, stretched, source)
+    axes = list(stretched)
+    totals = {a: reduce(f"weights{a}", [out[a]], [stretched[a].taps],
+                        lambda v, r, a=a: window(a, v, r)[1]) for a in axes}
+
+    def element(*ir):
+        i, r = ir[:len(out)], ir[len(out):]
+        taps = {a: plain(source(a, i[a]), shape[a]) for a in moved if a not in stretched}
+        taps.update({a: [window(a, i[a], r[k])] for k, a in enumerate(axes)})
+        return _blend(x, i, taps, work)
+    total = reduce("resize_sum", out, [stretched[a].taps for a in axes], element)
+
+    def normalised(*i):
+        divisor = totals[axes[0]][(i[axes[0]],)]
+        for a in axes[1:]:
+            divisor = divisor * totals[a][(i[a],)]
+        return cast(total[i] / cast(divisor, work), x.dtype)
+    return normalised
+
+
+def _stretched_taps(ctx: OpContext, mode: str, shape: list[Dim],
+                    stretched: dict[int, Stretched], source):
+    """(axis, output position, tap) -> the tap's input index, clamped into the input
+    (the edge element stands for those outside), and its weight before normalising; with
+    ``exclude_outside`` a tap outside the input weighs 0."""
+    kernel = _kernel(ctx, mode)
+    exclude = bool(ctx.attr("exclude_outside", 0))
+
+    def tap(a: int, v: Expr, r: Expr) -> tuple[Expr, Expr]:
+        axis, pos = stretched[a], source(a, v)
+        j = cast(call("floor", pos - axis.support), dtypes.index_type) + 1 + r
+        weight = kernel((cast(j, dtypes.float32) - pos) * axis.shrink)
+        if exclude:
+            weight = select(logical_and(j >= 0, j < shape[a]), weight,
+                            Const(0.0, dtypes.float32))
+        return minimum(maximum(j, 0), as_expr(shape[a]) - 1), weight
+    return tap
+
+
+def _kernel(ctx: OpContext, mode: str):
+    """The interpolation kernel at a float32 distance in input elements: the triangle, or
+    Keys' cubic with ``cubic_coeff_a``; 0 from its radius on."""
+    zero = Const(0.0, dtypes.float32)
+    if mode == "linear":
+        return lambda d: maximum(1.0 - call("abs", d), zero)
+    a = float(ctx.attr("cubic_coeff_a", -0.75))
+
+    def cubic(d: Expr) -> Expr:
+        d = call("abs", d)
+        return select(d < 1.0, _keys_near(d, a), select(d < 2.0, _keys_far(d, a), zero))
+    return cubic
+
+
+def _stretched(ctx: OpContext, mode: str, n_in: Dim, n_out: Dim,
+               scale: Optional[float]) -> Optional[Stretched]:
+    """How an axis resized from n_in to n_out (by ``scale`` where given, else by
+    n_out / n_in) is antialiased; None where it is not: no antialiasing, or the axis does
+    not shrink. In float32 as ONNX Runtime computes the stretch 1/s and the support."""
+    if not ctx.attr("antialias", 0):
+        return None
+    radius, f32 = KERNEL_RADIUS[mode], np.float32
+    if scale is None and isinstance(n_in, int) and isinstance(n_out, int):
+        scale = float(f32(n_out) / f32(n_in)) if n_in else float("inf")
+    if scale is not None:
+        if not 0 < scale < 1:
+            return None
+        stretch = f32(1) / f32(scale)
+        shrink, support = f32(1) / stretch, f32(radius) * stretch
+        return Stretched(int(np.floor(2 * support)) + 1, Const(float(shrink), dtypes.float32),
+                         Const(float(support), dtypes.float32))
+    # The scale is known at run time. floor(2 * support) + 1 taps cover the integers in
+    # (p - support, p + support), support being radius * max(n_in, n_out) / n_out.
+    ratio = cast(as_expr(n_out), dtypes.float32) / cast(as_expr(n_in), dtypes.float32)
+    stretch = maximum(1.0 / ratio, 1.0)
+    taps = simplify_dim(int(2 * radius) * as_expr(_max(n_in, n_out)) // _max(n_out, 1) + 1)
+    return Stretched(taps, 1.0 / stretch, radius * stretch)
 
 
 def _pairwise_sum(terms: list[Expr]) -> Expr:
@@ -737,8 +853,9 @@ def _resize_mode(ctx: OpContext, dtype: dtypes.DataType) -> str:
         raise ctx.unsupported(f"nearest_mode {ctx.attr('nearest_mode')!r}")
     if mode != "nearest" and not dtype.is_float:
         raise ctx.unsupported(f"{mode} resizing of {dtype}")
-    if ctx.attr("antialias", 0):
-        raise ctx.unsupported("antialias")
+    if mode == "nearest" and ctx.attr("antialias", 0):
+        raise ctx.unsupported("antialias in nearest mode (ONNX applies it to linear and "
+                              "cubic modes)")
     policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
     if policy not in ("stretch", "not_larger", "not_smaller"):
         raise ctx.error(f"unknown keep_aspect_ratio_policy {policy!r}")
@@ -803,12 +920,18 @@ def _linear_taps(pos: Expr, n: Dim) -> list[tuple[Expr, Expr]]:
 def cubic_weights(s: Expr, a: float) -> list[Expr]:
     """Keys' cubic convolution: the weights of the four neighbours floor(p) - 1 ..
     floor(p) + 2 of a position p = floor(p) + s, for the kernel's parameter ``a``."""
-    def near(d: Expr) -> Expr:  # |d| <= 1
-        return ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0
+    return [_keys_far(s + 1.0, a), _keys_near(s, a), _keys_near(1.0 - s, a),
+            _keys_far(2.0 - s, a)]
 
-    def far(d: Expr) -> Expr:  # 1 < |d| < 2
-        return ((a * d - 5.0 * a) * d + 8.0 * a) * d - 4.0 * a
-    return [far(s + 1.0), near(s), near(1.0 - s), far(2.0 - s)]
+
+def _keys_near(d: Expr, a: float) -> Expr:
+    """Keys' kernel at distance |d| <= 1."""
+    return ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0
+
+
+def _keys_far(d: Expr, a: float) -> Expr:
+    """Keys' kernel at distance 1 < |d| < 2."""
+    return ((a * d - 5.0 * a) * d + 8.0 * a) * d - 4.0 * a
 
 
 def _cubic_taps(ctx: OpContext):

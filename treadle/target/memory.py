@@ -19,7 +19,7 @@ import functools
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from treadle.atomic import write_json
@@ -126,8 +126,19 @@ def probe(target: CpuTarget) -> MemoryHierarchy:
         if not (latency > 0 and bytes_per_ns > 0):
             raise RuntimeError(f"{name}: latency {latency} ns, bandwidth {bytes_per_ns} B/ns")
         levels.append(Level(name, capacity, latency, bytes_per_ns))
+    levels = _outward(levels)
     gflops = max(fma(1 << 24) for _ in range(3))
     return MemoryHierarchy((_registers(target, levels[0], gflops), *levels), gflops, "probed")
+
+
+def _outward(levels: list[Level]) -> list[Level]:
+    """Each level's bandwidth at least the next one out's: a cache is never slower than
+    what it caches, and a probe of it that read slower (another process on the core, a
+    frequency drop) would rank tiles that fit it below ones that spill."""
+    ordered = [levels[-1]]
+    for level in reversed(levels[:-1]):
+        ordered.insert(0, replace(level, bandwidth=max(level.bandwidth, ordered[0].bandwidth)))
+    return ordered
 
 
 def _registers(target: CpuTarget, l1: Level, gflops: float) -> Level:

@@ -38,6 +38,9 @@ from treadle.schedule.kernel import Kernel
 from treadle.schedule.rules import canonical_kernel
 
 Activation = Callable[[Expr], Expr]
+# Rows of a product with W or R summed together in registers: four AVX-512 vectors (eight
+# AVX2 ones) of sums, with the state's element and R's row besides.
+ROW_BLOCK = 64
 
 
 @dataclass(frozen=True)
@@ -303,15 +306,30 @@ class Step:
 
     def _products(self, into: Buffer, gates: Sequence[int], vector: Callable, extent,
                   weight: Callable, bias: Callable) -> None:
-        """``into``'s rows of ``gates`` = bias + sum over k of vector(k) * weight(row, k)."""
-        fb, rows = self.fb, range(min(gates) * self.hidden, (max(gates) + 1) * self.hidden)
-        for row in fb.range(len(rows), kind="vectorize", name="row"):
-            fb.store(into, (self.line, row + rows.start), bias(row + rows.start))
+        """``into``'s rows of ``gates`` = bias + sum over k of vector(k) * weight(row, k),
+        in blocks of ROW_BLOCK rows whose sums stay in registers over the whole of k:
+        summed in ``into`` itself, each multiply-add also loaded and stored a row, and the
+        stores bound the step (an LSTM of 256 units ran at a quarter of its speed)."""
+        first = min(gates) * self.hidden
+        blocks, rest = divmod((max(gates) + 1) * self.hidden - first, ROW_BLOCK)
+        for block in self.fb.range(blocks, name="block"):
+            self._block(into, first + block * ROW_BLOCK, ROW_BLOCK, vector, extent, weight,
+                        bias)
+        if rest:
+            self._block(into, first + blocks * ROW_BLOCK, rest, vector, extent, weight, bias)
+
+    def _block(self, into: Buffer, start: int, width: int, vector: Callable, extent,
+               weight: Callable, bias: Callable) -> None:
+        fb = self.fb
+        sums = fb.buffer("sums", into.dtype, [width])
+        for row in fb.range(width, kind="vectorize", name="row"):
+            fb.store(sums, (row,), bias(row + start))
         for k in fb.range(extent, name="k"):
             v = fb.let("v", vector(k))
-            for row in fb.range(len(rows), kind="vectorize", name="row"):
-                at = (self.line, row + rows.start)
-                fb.store(into, at, into[at] + v * weight(row + rows.start, k))
+            for row in fb.range(width, kind="vectorize", name="row"):
+                fb.store(sums, (row,), sums[row] + v * weight(row + start, k))
+        for row in fb.range(width, kind="vectorize", name="row"):
+            fb.store(into, (self.line, row + start), sums[row])
 
     def units(self) -> Iterator[Var]:
         """A loop over the hidden units, a vector at a time."""

@@ -120,7 +120,9 @@ class CompiledModule(CompiledModel):
                 model, self.returns = self.compile_module()
                 self.executable, self.stamp = model.executable, stamp
             executable, returns = self.executable, self.returns
-        return returns.arrange(executable(*args, **named), (*args, *named.values()))
+        from treadle.frontend.torch import host_values
+        outputs = executable(*host_values(args), **dict(zip(named, host_values(named.values()))))
+        return returns.arrange(outputs, (*args, *named.values()))
 
 
 def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.nn.Module,

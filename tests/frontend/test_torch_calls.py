@@ -66,6 +66,17 @@ def test_backend_results_keep_eager_memory_format(memory_format, fresh_dynamo):
         assert y.is_contiguous(memory_format=memory_format)
 
 
+@pytest.mark.parametrize("memory_format", [CHANNELS_LAST, torch.contiguous_format])
+def test_compiled_module_results_keep_eager_memory_format(memory_format):
+    model = ConvNet().eval()
+    x = torch.randn(2, 3, 5, 7).to(memory_format=memory_format)
+    compiled = treadle.compile(model, x)
+    with torch.no_grad():
+        (y, logits), (y_eager, logits_eager) = compiled(x), model(x)
+    _same(y, y_eager, reduction=27 * 8)
+    _same(logits, logits_eager, reduction=27 * 8)
+
+
 class Views(torch.nn.Module):
     """Results that are views: of an input, and permuted or transposed convolutions."""
 
@@ -199,6 +210,17 @@ def test_compile_returns_bfloat16_tensors():
     got, expected = treadle.compile(model, x)(x), model(x).detach()
     assert got.dtype == torch.bfloat16 and got.shape == expected.shape
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+
+
+def test_compiled_module_takes_bfloat16_tensors():
+    """bfloat16 arguments reach the kernels as their raw bits."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU()).eval()
+    model = model.to(torch.bfloat16)
+    x = torch.randn(1, 3, 9, 11).to(torch.bfloat16)
+    with torch.no_grad():
+        got, expected = treadle.compile(model, x)(x), model(x)
+    assert got.dtype == torch.bfloat16 and got.shape == expected.shape
+    torch.testing.assert_close(got, expected, atol=3e-2, rtol=3e-2)
 
 
 class Normed(ConvNet):

@@ -83,6 +83,57 @@ def tensor_of(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return tensor.view(dtype) if dtype == torch.bfloat16 else tensor
 
 
+def array_of(tensor: torch.Tensor) -> np.ndarray:
+    """The tensor's memory as numpy, copied only when not contiguous or not in host
+    memory (bfloat16, which numpy lacks, as its raw bits)."""
+    tensor = tensor.detach().cpu().contiguous()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view("uint16")
+    return tensor.numpy()
+
+
+def host_values(values: Iterable) -> list:
+    """``values`` with each tensor as its host memory (``array_of``)."""
+    return [array_of(v) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+# (position, order, inverse) of an output that eager lays out other than row-major.
+Layout = tuple[int, tuple[int, ...], tuple[int, ...]]
+
+
+def layouts_of(values: Sequence) -> list[Layout]:
+    """The layout of each of the traced output ``values`` (fake tensors, or None) that is
+    not row-major: its dimensions ``order``ed from the outermost in memory to the
+    innermost, and the inverse permutation."""
+    layouts = []
+    for k, value in enumerate(values):
+        order = _order(value) if isinstance(value, torch.Tensor) else None
+        if order is not None and order != tuple(range(len(order))):
+            inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
+            layouts.append((k, order, inverse))
+    return layouts
+
+
+def _order(value: torch.Tensor) -> Optional[tuple[int, ...]]:
+    """The dimensions by decreasing stride (channels_last: N, H, W, C), equal strides of
+    size-1 dimensions in logical order; None where a stride has no hint."""
+    strides = [s if isinstance(s, int) else s.node.hint for s in value.stride()]
+    if any(s is None for s in strides):
+        return None
+    return tuple(sorted(range(value.dim()), key=lambda d: (-strides[d], d)))
+
+
+def restrided(outputs, layouts: Sequence[Layout]) -> Any:
+    """``outputs`` (a tensor, a tuple or a list) with each one that ``layouts`` names
+    copied into that memory order (none is copied that already has it)."""
+    single = not isinstance(outputs, (tuple, list))
+    laid = [outputs] if single else list(outputs)
+    for k, order, inverse in layouts:
+        if isinstance(laid[k], torch.Tensor):
+            laid[k] = laid[k].permute(order).contiguous().permute(inverse)
+    return laid[0] if single else type(outputs)(laid)
+
+
 class Weights:
     """A module's parameters and buffers: ``stamp()`` is their ``versions``, which differ
     from an earlier stamp once any was written or replaced. It reads each tensor through
@@ -106,13 +157,15 @@ class Returns:
     spec: Any  # torch.utils._pytree.TreeSpec
     dtypes: tuple[torch.dtype, ...]
     constants: Mapping[int, Any]
+    layouts: tuple[Layout, ...] = ()  # of the computed outputs, as eager lays them out
 
     def arrange(self, outputs: Sequence, arguments: Iterable) -> Any:
-        """``outputs`` as the module returns them: as tensors when any of the call's
-        ``arguments`` is one, else as the arrays they are."""
+        """``outputs`` as the module returns them: as tensors in eager's memory layout
+        (channels_last stays channels_last) when any of the call's ``arguments`` is one,
+        else as the arrays they are."""
         if any(isinstance(a, torch.Tensor) for a in arguments):
-            outputs = [tensor_of(o, d) if isinstance(o, np.ndarray) else o
-                       for o, d in zip(outputs, self.dtypes)]
+            outputs = restrided([tensor_of(o, d) if isinstance(o, np.ndarray) else o
+                                 for o, d in zip(outputs, self.dtypes)], self.layouts)
         computed = iter(outputs)
         leaves = [self.constants[k] if k in self.constants else next(computed)
                   for k in range(self.spec.num_leaves)]
@@ -379,7 +432,16 @@ def from_module(module: torch.nn.Module, example_inputs: Sequence, *,
     graph = from_exported(program, name or type(module).__name__,
                           _symbol_names(program, names))
     dtypes = tuple(getattr(torch, t.dtype.name) for t in graph.outputs)
-    return graph, Returns(program.call_spec.out_spec, dtypes, _constant_outputs(program))
+    return graph, Returns(program.call_spec.out_spec, dtypes, _constant_outputs(program),
+                          tuple(layouts_of(_computed_outputs(program))))
+
+
+def _computed_outputs(program: "torch.export.ExportedProgram") -> list:
+    """The traced values of the module's returned tensors, in order."""
+    from torch.export.graph_signature import OutputKind, TensorArgument
+    values = {node.name: node.meta.get("val") for node in program.graph.nodes}
+    return [values.get(spec.arg.name) for spec in program.graph_signature.output_specs
+            if spec.kind == OutputKind.USER_OUTPUT and isinstance(spec.arg, TensorArgument)]
 
 
 def _constant_outputs(program: "torch.export.ExportedProgram") -> dict[int, Any]:

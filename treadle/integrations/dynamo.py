@@ -33,7 +33,8 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from treadle.errors import TreadleError, UnsupportedOpError
-from treadle.frontend.torch import from_aten, tensor_of, torch_dtype, versions
+from treadle.frontend.torch import (array_of, from_aten, layouts_of, restrided, tensor_of,
+                                    torch_dtype, versions)
 
 OPTIONS = ("tune", "orchestrate", "dynamic", "target")
 
@@ -133,7 +134,7 @@ class _LazyRunner:
     def __init__(self, gm: torch.fx.GraphModule, static: set[int], options: Mapping):
         self.gm, self.static, self.options = gm, static, options
         self.positions = sorted(static)
-        self.layouts = _layouts(gm)
+        self.layouts = layouts_of(_output_values(gm))
         self.run: Optional[Callable] = None
         self.stamp: Optional[tuple] = None
 
@@ -148,41 +149,13 @@ class _LazyRunner:
             self.run = split_and_compile(self.gm, self.static, args, self.options)
             self.stamp = stamp
         outputs = self.run(*args)
-        return _restride(outputs, self.layouts) if self.layouts else outputs
+        return restrided(outputs, self.layouts) if self.layouts else outputs
 
 
-def _layouts(gm: torch.fx.GraphModule) -> list[tuple[int, tuple, tuple]]:
-    """(position, order, inverse) of each output that eager lays out other than row-major,
-    its dimensions ``order``ed from the outermost in memory to the innermost."""
+def _output_values(gm: torch.fx.GraphModule) -> list:
     out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    layouts = []
-    for k, node in enumerate(out if isinstance(out, (tuple, list)) else [out]):
-        value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-        order = _order(value) if isinstance(value, torch.Tensor) else None
-        if order is not None and order != tuple(range(len(order))):
-            inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
-            layouts.append((k, order, inverse))
-    return layouts
-
-
-def _order(value: torch.Tensor) -> Optional[tuple[int, ...]]:
-    """The dimensions by decreasing stride (channels_last: N, H, W, C), equal strides of
-    size-1 dimensions in logical order; None where a stride has no hint."""
-    strides = [s if isinstance(s, int) else s.node.hint for s in value.stride()]
-    if any(s is None for s in strides):
-        return None
-    return tuple(sorted(range(value.dim()), key=lambda d: (-strides[d], d)))
-
-
-def _restride(outputs, layouts: list) -> Any:
-    """``outputs`` with each one that ``layouts`` names copied into that memory order
-    (none is copied that already has it)."""
-    single = not isinstance(outputs, (tuple, list))
-    laid = [outputs] if single else list(outputs)
-    for k, order, inverse in layouts:
-        if isinstance(laid[k], torch.Tensor):
-            laid[k] = laid[k].permute(order).contiguous().permute(inverse)
-    return laid[0] if single else type(outputs)(laid)
+    return [node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+            for node in (out if isinstance(out, (tuple, list)) else [out])]
 
 
 class _Supported(OperatorSupportBase):
@@ -320,7 +293,7 @@ class _Piece(torch.nn.Module):
 
     def forward(self, *args):
         tensors = [args[k] for k in self.tensor_positions]
-        inputs = [_array(t) for t in tensors]
+        inputs = [array_of(t) for t in tensors]
         # The executable takes and gives host arrays: results go back where the inputs
         # live (a GPU model's inputs are copied to the device by its executable).
         device = next((t.device for t in tensors if t.device.type != "cpu"), None)
@@ -331,10 +304,3 @@ class _Piece(torch.nn.Module):
         return tuple(outputs) if self.returns_tuple else outputs[0]
 
 
-def _array(tensor: torch.Tensor):
-    """The tensor's memory as numpy, copied only when not contiguous or not in host
-    memory (bfloat16, which numpy lacks, as its raw bits)."""
-    tensor = tensor.detach().cpu().contiguous()
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view("uint16")
-    return tensor.numpy()

@@ -14,6 +14,7 @@ import treadle
 from tests.frontend.onnx_models import make_model, tensor
 from tests.harness import assert_close, random_array, rng, run_onnxruntime
 from treadle.compiler import compile_graph
+from treadle.config import override
 from treadle.errors import KernelError, TreadleError
 from treadle.frontend.onnx import from_onnx
 from treadle.graph.ops.recurrent import CELLS
@@ -119,6 +120,17 @@ def test_given_states_and_lengths(op, direction, layout):
 def test_sizes(op, seq, batch, features, hidden):
     model, feeds = recurrent_case(op, seq, batch, features, hidden, "bidirectional", seed=5)
     assert_matches_onnxruntime(treadle.compile(model), model, feeds)
+
+
+@pytest.mark.parametrize("op", list(CELLS))
+@pytest.mark.parametrize("threads, direction", [(2, "forward"), (4, "bidirectional")])
+def test_fewer_lines_than_threads_share_each_step(op, threads, direction):
+    """One utterance: each step's products go to the threads by blocks of gate rows (here
+    several blocks and a partial one), the lines one after the other."""
+    with override(num_threads=threads):
+        model, feeds = recurrent_case(op, seq=6, batch=1, features=9, hidden=70,
+                                      direction=direction, given=("initial_h",), seed=11)
+        assert_matches_onnxruntime(treadle.compile(model), model, feeds)
 
 
 @pytest.mark.parametrize("op", list(CELLS))

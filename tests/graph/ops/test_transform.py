@@ -436,6 +436,7 @@ def test_resize_keeping_the_aspect_ratio():
     check(cases)
 
 
+@pytest.mark.slow  # 35 s; the default cubic cases resize two axes
 def test_resize_cubic_over_four_axes():
     """Sixteen taps a side, 256 terms: the sum must not nest too deep to print. (ONNX
     Runtime resizes two axes at most; the reference is two resizes, which commute.)"""

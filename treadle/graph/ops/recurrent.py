@@ -25,6 +25,7 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Sequence
 
+from treadle.config import config
 from treadle.graph.operator import OpContext, Operator, register
 from treadle.graph.ops.common import same_dtype, static_dim
 from treadle.graph.ops.elementwise import UNARY
@@ -227,6 +228,9 @@ class Buffers:
     cell: Optional[Buffer]
     reset: Optional[Buffer]
     where: str
+    # Fewer lines than threads (one utterance): the lines run one after the other and
+    # each step's products are shared out among the threads by blocks of rows instead.
+    split_steps: bool = False
 
     def input(self, i: int) -> Optional[Buffer]:
         return self.inputs[i] if i < len(self.inputs) else None
@@ -312,7 +316,8 @@ class Step:
         stores bound the step (an LSTM of 256 units ran at a quarter of its speed)."""
         first = min(gates) * self.hidden
         blocks, rest = divmod((max(gates) + 1) * self.hidden - first, ROW_BLOCK)
-        for block in self.fb.range(blocks, name="block"):
+        kind = "parallel" if self.io.split_steps else "serial"
+        for block in self.fb.range(blocks, kind=kind, name="block"):
             self._block(into, first + block * ROW_BLOCK, ROW_BLOCK, vector, extent, weight,
                         bias)
         if rest:
@@ -456,12 +461,15 @@ def _kernel(op: Operator, name: str, cell: Cell, projected: bool) -> Kernel:
 
         def workspace(what: str, shape: list, wanted: bool = True) -> Optional[Buffer]:
             return fb.param(what, dtype, [lines, *shape]) if wanted else None
+        split = (isinstance(layer.batch, int)
+                 and layer.batch * layer.directions < config.num_threads)
         io = Buffers(layer, inputs, outputs, workspace("state", [2, hidden]),
                      workspace("recurrent", [rows]),
                      workspace("input_products", [rows], not projected),
                      workspace("cell", [hidden], cell.states > 1),
-                     workspace("reset", [hidden], resets), f"node {op.name!r} ({op.op_type})")
-        for line in fb.range(lines, kind="parallel", name="line"):
+                     workspace("reset", [hidden], resets), f"node {op.name!r} ({op.op_type})",
+                     split)
+        for line in fb.range(lines, kind="serial" if split else "parallel", name="line"):
             for d in range(layer.directions):
                 with fb.if_(eq(line // batch, d)):
                     _direction(fb, io, d, line % batch, line)

@@ -2,6 +2,8 @@
 assignment (``x[idx] = v``, ``x[mask] = v``, ``index_put_(..., accumulate=True)``),
 diagonals, the scatter family, sorting and ops torch.export leaves for torch's own
 decompositions (``einsum``, ``roll``), against eager PyTorch."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -313,3 +315,24 @@ def test_selections_whose_size_comes_from_the_data(name, size):
         for g, e in zip(got, expected, strict=True):
             np.testing.assert_allclose(np.asarray(g), e.numpy(), rtol=1e-5, atol=1e-6)
             assert np.asarray(g).shape == tuple(e.shape)
+
+
+@pytest.mark.parametrize("name", ["nonzero", "mask", "masked_select_broadcast",
+                                  "single_argument_where"])
+def test_selections_through_the_backend_run_in_treadle(name):
+    """With dynamo capturing sizes found in the data, treadle runs the whole graph and
+    returns those sizes to dynamo itself (no part falls back to eager)."""
+    torch._dynamo.reset()
+    function = SELECTIONS[name]
+    compiled = torch.compile(function, backend="treadle", fullgraph=True)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (6, 11):
+            x = torch.randn(n, 5)
+            got = torch.utils._pytree.tree_leaves(compiled(x))
+            expected = torch.utils._pytree.tree_leaves(function(x))
+            for g, e in zip(got, expected, strict=True):
+                torch.testing.assert_close(g, e)
+    assert not [w for w in caught if "treadle runs" in str(w.message)]
+    torch._dynamo.reset()

@@ -713,7 +713,7 @@ def _nonzero(call: Call, x):
 def _found_rows(call: Call, mask: Tensor, size) -> Tensor:
     """NonZeroRows of ``mask``, its count standing for ``size``, the tracer's symbol."""
     rows = call.op("NonZeroRows", mask)
-    call.importer.symbols[str(size.node.expr)] = rows.producer.data_sizes[0].symbol.name
+    call.importer.bind_found(size, rows.producer)
     return rows
 
 
@@ -755,7 +755,7 @@ def _unique(call: Call, x: Tensor, dim: Optional[int], consecutive: bool, invers
     count is the tracer's unbacked symbol, which UniqueRows' kernel binds."""
     found = unique.unique(x, dim, True, f"{call.node.name}/unique", consecutive=consecutive)
     size = call.value.shape[0 if dim is None else dim % x.rank]
-    call.importer.symbols[str(size.node.expr)] = found[3].producer.data_sizes[0].symbol.name
+    call.importer.bind_found(size, found[3].producer)
     empty = call.const(np.zeros(0, np.int64), dtypes.int64)
     where = call.reshape(found[2], x.shape) if dim is None else found[2]
     return found[0], where if inverse else empty, found[3] if counts else empty
@@ -765,7 +765,7 @@ def _unique(call: Call, x: Tensor, dim: Optional[int], consecutive: bool, invers
 def _masked_select(call: Call, x, mask):
     """The elements of ``x`` where ``mask`` is true, both broadcast, as a vector."""
     common = torch.broadcast_shapes(*(a.meta["val"].shape for a in call.node.args[:2]))
-    shape = call.dims([call.importer.dim(d) for d in common])
+    shape = call.dims([call.importer.dim(d) for d in common] or [1])  # scalars as vectors
     return _masked(call, call.op("Expand", x, shape), 0, call.op("Expand", mask, shape))
 
 

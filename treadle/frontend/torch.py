@@ -258,6 +258,16 @@ class Importer:
     outputs: Optional[Sequence[int]] = None  # the FX outputs the graph returns (None: all)
     values: dict = field(default_factory=dict)
     inputs: list[Tensor] = field(default_factory=list)
+    # Sizes a kernel finds in the data, by symbol: the int64 scalar holding each, which
+    # the graph returns where the FX graph returns the size.
+    counts: dict[Var, Tensor] = field(default_factory=dict)
+
+    def bind_found(self, size, op) -> None:
+        """The tracer's unbacked ``size`` is the size ``op``'s kernel finds in the data."""
+        found = op.data_sizes[0]
+        if isinstance(size, torch.SymInt):  # the tracer may know it (none of no elements)
+            self.symbols[str(size.node.expr)] = found.symbol.name
+        self.counts[Var(found.symbol.name, index_type)] = op.outputs[found.output]
 
     def run(self, name: str) -> Graph:
         from treadle.frontend.aten import convert_node
@@ -280,6 +290,8 @@ class Importer:
         value = node.meta.get("val")
         if isinstance(value, torch.SymInt):
             return self.dim(value)
+        if isinstance(value, torch.SymBool):
+            return None  # a guard's condition, which only checks read (and treadle skips)
         if not isinstance(value, torch.Tensor):
             raise UnsupportedOpError(f"input {node.name!r} is a {type(value).__name__}, not a "
                                      "tensor or a size")
@@ -301,6 +313,7 @@ class Importer:
         results = list(results) if isinstance(results, (list, tuple)) else [results]
         if self.outputs is not None:
             results = [results[k] for k in self.outputs]
+        results = [self.counts.get(r, r) if isinstance(r, Var) else r for r in results]
         for k, r in enumerate(results):
             if not isinstance(r, Tensor):
                 raise UnsupportedOpError(f"output {k} is a {type(r).__name__}, not a tensor")

@@ -247,15 +247,17 @@ def _compile_piece(piece: torch.fx.GraphModule, constants: Mapping[str, torch.Te
 
 def _symbol_names(piece: torch.fx.GraphModule) -> dict[str, str]:
     """Each size symbol of the piece's inputs named by the first input dimension dynamo
-    took it from (``x.shape[1]``), or by dynamo's description of its source."""
+    took it from (``x.shape[1]``), or by dynamo's description of its source; one with no
+    source (a size an earlier part found in the data) keeps its own name, since the
+    input that holds it gives its value."""
     names = {}
     for node in _placeholders(piece):
         value = node.meta.get("val")
         for size in value.shape if isinstance(value, torch.Tensor) else [value]:
             if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
                 sources = size.node.shape_env.var_to_sources.get(size.node.expr)
-                if sources:
-                    names[size.node.expr.name] = _source_name(sources[0])
+                name = size.node.expr.name
+                names[name] = _source_name(sources[0]) if sources else name
     return names
 
 
@@ -289,7 +291,9 @@ class _Piece(torch.nn.Module):
         out = next(n for n in piece.graph.nodes if n.op == "output").args[0]
         self.returns_tuple = isinstance(out, (tuple, list))
         results = out if self.returns_tuple else [out]
-        self.output_dtypes = [r.meta["val"].dtype for r in results]
+        # A size found in the data comes back as the int64 scalar holding it (None).
+        self.output_dtypes = [None if isinstance(r.meta["val"], torch.SymInt)
+                              else r.meta["val"].dtype for r in results]
 
     def forward(self, *args):
         tensors = [args[k] for k in self.tensor_positions]
@@ -297,10 +301,10 @@ class _Piece(torch.nn.Module):
         # The executable takes and gives host arrays: results go back where the inputs
         # live (a GPU model's inputs are copied to the device by its executable).
         device = next((t.device for t in tensors if t.device.type != "cpu"), None)
-        outputs = [tensor_of(o, dtype) for o, dtype in
-                   zip(self.model(*inputs), self.output_dtypes)]
+        outputs = [int(o) if dtype is None else tensor_of(o, dtype)
+                   for o, dtype in zip(self.model(*inputs), self.output_dtypes)]
         if device is not None:
-            outputs = [o.to(device) for o in outputs]
+            outputs = [o if isinstance(o, int) else o.to(device) for o in outputs]
         return tuple(outputs) if self.returns_tuple else outputs[0]
 
 

@@ -361,3 +361,15 @@ def test_bfloat16_through_the_backend(fresh_dynamo):
         result = torch.compile(f, backend="treadle")(x, y)
     assert result.dtype == torch.bfloat16
     torch.testing.assert_close(result, f(x, y), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("shape", [(5, 6), (3, 6, 7)])
+def test_group_norm_of_rows_and_of_sequences(shape):
+    """PyTorch normalises [N, C] inputs by groups too, which ONNX's operator takes from
+    rank 3 only."""
+    model = torch.nn.GroupNorm(3, 6).eval()
+    torch.nn.init.uniform_(model.weight)
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        got, expected = treadle.compile(model, x)(x), model(x)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

@@ -1342,8 +1342,11 @@ def _group_norm(call: Call, x, *args):
     channels = x.shape[1]
     weight, bias = (call.const(np.full(channels, v), x.dtype) if t is None else t
                     for t, v in ((weight, 1.0), (bias, 0.0)))
-    y = call.op("GroupNormalization", x, weight, bias, num_groups=int(groups),
-                epsilon=float(eps))
+    # PyTorch normalises [N, C] too, ONNX from rank 3: a trailing axis of one element.
+    flat = x.rank == 2
+    y = call.op("GroupNormalization", call.reshape(x, [*x.shape, 1]) if flat else x, weight,
+                bias, num_groups=int(groups), epsilon=float(eps))
+    y = call.reshape(y, x.shape) if flat else y
     if call.node.target._opname == "group_norm":
         return y
     # The statistics per [N, G] (dropped with the graph's unread tensors when unused), of

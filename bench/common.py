@@ -1,19 +1,23 @@
-"""What the model benchmarks share: the cached ONNX exports of the zoo and the error measure.
+"""What the benchmarks share: the cached ONNX exports of the zoo, the error measure, and
+the comparison of single ONNX nodes with ONNX Runtime.
 
 An exported model is kept in bench/out/ and redone when treadle/models changes.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import pickle
 import tempfile
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
 import treadle
 from treadle.config import override
 from treadle.models import ModelSpec, export_onnx
+from treadle.timing import interleaved_medians, load_note, onnxruntime_session
 
 OUT = Path(__file__).resolve().parent / "out"
 MODELS_SOURCE = Path(treadle.__file__).resolve().parent / "models"
@@ -51,3 +55,26 @@ def enter_treadle_settings(stack: contextlib.ExitStack, threads: int, warm_cache
         settings["cache_dir"] = Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="treadle-cache-")))
     stack.enter_context(override(**settings))
+
+
+def compare_nodes(cases: Mapping[str, tuple], description: str, atol: float = 1e-4) -> None:
+    """The command line of a benchmark of single ONNX nodes (``cases``: name -> (model,
+    feeds)): each compiled by treadle (tune 0) and run by ONNX Runtime in the same
+    process, checked to agree, then timed by interleaved calls; a markdown table of
+    medians and ratios."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    print(load_note(args.threads))
+    print("| case | treadle ms | ONNX Runtime ms | treadle / ONNX Runtime |\n|---|---|---|---|")
+    with override(num_threads=args.threads):
+        for name, (model, feeds) in cases.items():
+            compiled = treadle.compile(model)
+            session = onnxruntime_session(model.SerializeToString(), args.threads)
+            for got, want in zip(compiled(**feeds), session.run(None, feeds)):
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol)
+            times = interleaved_medians({"treadle": lambda: compiled(**feeds),
+                                         "ort": lambda: session.run(None, feeds)}, args.repeat)
+            print(f"| {name} | {times['treadle'] * 1e3:.2f} | {times['ort'] * 1e3:.2f} | "
+                  f"{times['treadle'] / times['ort']:.2f} |")

@@ -11,14 +11,10 @@ of interleaved calls.
 """
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-import treadle
-from treadle.config import override
-from treadle.timing import interleaved_medians, load_note, onnxruntime_session
+from bench.common import compare_nodes
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 # name -> (op, sequence, batch, input size, hidden size, direction)
@@ -51,24 +47,9 @@ def layer(op: str, seq: int, batch: int, inputs: int, hidden: int, direction: st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    print(load_note(args.threads))
-    print("| case | treadle ms | ONNX Runtime ms | treadle / ONNX Runtime |\n|---|---|---|---|")
     gen = np.random.default_rng(0)
-    with override(num_threads=args.threads):
-        for name, spec in CASES.items():
-            model, feeds = layer(*spec, gen)
-            compiled = treadle.compile(model)
-            session = onnxruntime_session(model.SerializeToString(), args.threads)
-            for got, want in zip(compiled(**feeds), session.run(None, feeds)):
-                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-            times = interleaved_medians({"treadle": lambda: compiled(**feeds),
-                                         "ort": lambda: session.run(None, feeds)}, args.repeat)
-            print(f"| {name} | {times['treadle'] * 1e3:.2f} | {times['ort'] * 1e3:.2f} | "
-                  f"{times['treadle'] / times['ort']:.2f} |")
+    compare_nodes({name: layer(*spec, gen) for name, spec in CASES.items()},
+                  __doc__.splitlines()[0], atol=1e-5)
 
 
 if __name__ == "__main__":

@@ -11,14 +11,10 @@ minutes when every output element searched the updates.
 """
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 from onnx import TensorProto, helper
 
-import treadle
-from treadle.config import override
-from treadle.timing import interleaved_medians, load_note, onnxruntime_session
+from bench.common import compare_nodes
 
 MVIT = (1, 1, 3136, 196)
 
@@ -60,22 +56,7 @@ def cases(gen: np.random.Generator) -> dict[str, tuple]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    print(load_note(args.threads))
-    print("| case | treadle ms | ONNX Runtime ms | treadle / ONNX Runtime |\n|---|---|---|---|")
-    with override(num_threads=args.threads):
-        for name, (model, feeds) in cases(np.random.default_rng(0)).items():
-            compiled = treadle.compile(model)
-            session = onnxruntime_session(model.SerializeToString(), args.threads)
-            got, want = compiled(**feeds)[0], session.run(None, feeds)[0]
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-            times = interleaved_medians({"treadle": lambda: compiled(**feeds),
-                                         "ort": lambda: session.run(None, feeds)}, args.repeat)
-            print(f"| {name} | {times['treadle'] * 1e3:.2f} | {times['ort'] * 1e3:.2f} | "
-                  f"{times['treadle'] / times['ort']:.2f} |")
+    compare_nodes(cases(np.random.default_rng(0)), __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ class CudaExecutable(Executable):
                 kernel.check_status()
             for slot, result in call.results.items():
                 cuda.copy_to_host(call.address[slot], result)
-            return [self._owned(s, {**call.results, **dict(zip(self.inputs, arrays))}, symbols)
+            return [self._owned(s, {**call.results, **dict(zip(self.inputs, arrays))})
                     for s in self.outputs]
 
     def simulate(self, *args, **named) -> list[np.ndarray]:
@@ -97,7 +97,7 @@ class CudaExecutable(Executable):
             sizes = {v.name: symbols[v] for v in self._step_symbols[index]}
             for launch in step.kernel.launches:
                 simulate(launch, *buffers, **sizes)
-        return [self._owned(s, values, symbols) for s in self.outputs]
+        return [self._owned(s, values) for s in self.outputs]
 
     def _constants_on_device(self) -> dict[int, object]:
         if self._device_constants is None:

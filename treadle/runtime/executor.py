@@ -174,7 +174,7 @@ class Executable:
                 values[slot] = np.empty(plan.shapes[slot], self.slots[slot].dtype.numpy)
         if watch is None and self._table is not None:
             self._table.run(plan, base, values, symbols)
-            return [self._owned(s, values, symbols) for s in self.outputs]
+            return [self._owned(s, values) for s in self.outputs]
         # A size found in the data stands at its bound until its kernel has run.
         symbols = {**symbols, **self._bounds(symbols)} if self.found else symbols
         # Kernels take addresses: those of arrays, or the arena's base plus the planned
@@ -186,8 +186,8 @@ class Executable:
                 source, out = step.args[0], step.outputs[0]
                 pointer = address[source] if source in address else base + plan.offsets[source]
                 if out in values:  # a graph output: the caller's array gets a copy
-                    self._written(out, values, symbols)[...] = self._array(
-                        pointer, source, symbols).reshape(self._shape(out, symbols))
+                    self._written(out, values, plan, symbols)[...] = self._array(
+                        pointer, source, plan, symbols).reshape(self._shape(out, plan, symbols))
                 else:
                     address[out] = pointer
                 continue
@@ -200,9 +200,10 @@ class Executable:
                 self._read_found(step, pointers, symbols)
             if watch is not None:
                 seconds = time.perf_counter() - begin
-                watch(step, seconds, {s: self._array(pointers[step.args.index(s)], s, symbols)
-                                      for s in step.outputs})
-        return [self._owned(s, values, symbols) for s in self.outputs]
+                watch(step, seconds, {s: self._array(pointers[step.args.index(s)], s, plan,
+                                                     symbols) for s in step.outputs})
+        return [self._written(s, values, plan, symbols).copy() if s in self._data_shaped
+                else self._owned(s, values) for s in self.outputs]
 
     def _bounds(self, symbols: Mapping[Var, int]) -> dict[Var, int]:
         """The bound of each size found in the data, at the inputs' sizes: what memory
@@ -225,22 +226,28 @@ class Executable:
                                   f"{var.name}, outside 0..{bound}")
             symbols[var] = value
 
-    def _shape(self, slot: int, symbols: Mapping[Var, int]) -> tuple[int, ...]:
+    def _shape(self, slot: int, plan: _Plan, symbols: Mapping[Var, int]) -> tuple[int, ...]:
+        """The slot's shape in this call: the plan's, or where a size is found in the
+        data, at the size found."""
+        if slot not in self._data_shaped:
+            return plan.shapes[slot]
         return evaluate_shape(self.slots[slot].shape, symbols)
 
-    def _written(self, slot: int, values: dict[int, np.ndarray], symbols: Mapping[Var, int]
-                 ) -> np.ndarray:
+    def _written(self, slot: int, values: dict[int, np.ndarray], plan: _Plan,
+                 symbols: Mapping[Var, int]) -> np.ndarray:
         """The part of graph output ``slot``'s array that this call fills: all of it, or
-        where a size is found in the data, the first elements of the bound's."""
+        where a size is found in the data, the first elements of the bound's (the
+        caller gets a copy of those alone, not the bound's memory)."""
         array = values[slot]
         if slot not in self._data_shaped:
             return array
-        shape = self._shape(slot, symbols)
+        shape = self._shape(slot, plan, symbols)
         return array.reshape(-1)[:int(np.prod(shape, dtype=np.int64))].reshape(shape)
 
-    def _array(self, pointer: int, slot: int, symbols: Mapping[Var, int]) -> np.ndarray:
+    def _array(self, pointer: int, slot: int, plan: _Plan, symbols: Mapping[Var, int]
+               ) -> np.ndarray:
         """Slot ``slot`` of this call, at ``pointer``, as an array (to copy a view)."""
-        dtype, shape = self.slots[slot].dtype.numpy, self._shape(slot, symbols)
+        dtype, shape = self.slots[slot].dtype.numpy, self._shape(slot, plan, symbols)
         count = int(np.prod(shape, dtype=np.int64))
         buffer = (ctypes.c_char * (count * dtype.itemsize)).from_address(pointer)
         return np.frombuffer(buffer, dtype, count).reshape(shape)
@@ -256,12 +263,9 @@ class Executable:
             self._arenas.base = arena.ctypes.data + (-arena.ctypes.data) % ALIGN
         return self._arenas.base
 
-    def _owned(self, slot: int, values: dict[int, np.ndarray], symbols: Mapping[Var, int]
-               ) -> np.ndarray:
+    def _owned(self, slot: int, values: dict[int, np.ndarray]) -> np.ndarray:
         # Inputs and constants returned as outputs are copied: the caller owns the result.
         if slot in values and slot not in self.inputs:
-            if slot in self._data_shaped:  # only the part found, not the bound's memory
-                return self._written(slot, values, symbols).copy()
             return values[slot]
         return (values[slot] if slot in values else self.constants[slot]).copy()
 

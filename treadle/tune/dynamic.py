@@ -56,6 +56,7 @@ with its symbols and their declared ranges, so a second compile measures nothing
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -611,7 +612,7 @@ class _Tuning:
             + [f"variant {k}: {self.points[c][1].config}" for k, c in enumerate(variants)]))
         return choice
 
-    @property
+    @functools.cached_property
     def values(self) -> np.ndarray:
         """The symbols' values at each grid point, a row per point."""
         return np.array([[env[Var(s, index_type)] for s in self.symbols] for env in self.grid])

@@ -18,6 +18,8 @@ from tests.harness import rng, run_onnxruntime
 pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
 
+from tests.frontend.test_torch_indexing import Function  # noqa: E402
+
 ELEM = {np.float32: TensorProto.FLOAT, np.int64: TensorProto.INT64}
 OUTPUTS = ("y", "indices", "inverse", "counts")
 
@@ -143,21 +145,12 @@ UNIQUES = {
 }
 
 
-class Module(torch.nn.Module):
-    def __init__(self, function):
-        super().__init__()
-        self.function = function
-
-    def forward(self, *args):
-        return self.function(*args)
-
-
 @pytest.mark.parametrize("name", sorted(UNIQUES))
 @pytest.mark.parametrize("size", [2, 7, 13])  # torch.export fixes a symbolic size traced at 1
 def test_torch_unique(name, size):
     """One compile serves every count, a second call with other sizes and values too."""
     function = UNIQUES[name]
-    model = Module(function).eval()
+    model = Function(function).eval()
     gen = torch.Generator().manual_seed(size)
     compiled = treadle.compile(model, (torch.randint(0, 2, (size, 3), generator=gen),),
                                dims={0: {0: "n"}})

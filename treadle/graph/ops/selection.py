@@ -15,10 +15,8 @@ n^2, so the kernel makes one pass.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from treadle.graph.operator import OpContext, Operator, apply, register
-from treadle.graph.tensor import Tensor, num_elements
+from treadle.graph.tensor import Tensor, constant, num_elements
 from treadle.ir import dtypes
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, compute, reduce
@@ -95,9 +93,9 @@ def compress(x: Tensor, condition: Tensor, axis: int | None, name: str,
     """ONNX's Compress: the slices of ``x`` along ``axis`` (of its flattened elements
     where None) whose condition is true; slices past the condition's end are dropped."""
     if axis is None:
-        flat = Tensor(f"{name}/flat", dtypes.int64, (1,), np.array([-1], np.int64))
+        flat = constant([-1], f"{name}/flat", dtypes.int64)
         x, axis = apply("Reshape", [x, flat], name=f"{name}/flatten")[0], 0
     rows = apply("NonZeroRows", [condition], name=f"{name}/rows")[0]
-    first = Tensor(f"{name}/first", dtypes.int64, (), np.array(0, np.int64))
+    first = constant(0, f"{name}/first", dtypes.int64)
     chosen = apply("Gather", [rows, first], {"axis": 1}, name=f"{name}/chosen")[0]
     return apply("Gather", [x, chosen], {"axis": axis}, name=name, output_names=[output])[0]

@@ -22,12 +22,10 @@ rows compare as the hardware's comparisons have them.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from treadle.errors import ShapeError
 from treadle.graph.operator import OpContext, Operator, apply, register
 from treadle.graph.ops.sort import merge_sort
-from treadle.graph.tensor import Tensor, num_elements
+from treadle.graph.tensor import Tensor, constant, num_elements
 from treadle.ir import dtypes
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, compute, reduce
@@ -204,7 +202,7 @@ def unique(x: Tensor, axis: int | None, sort: bool, name: str, output: str | Non
     indices, counts], over the flattened elements where ``axis`` is None; the node
     ``name``, ``y`` the tensor ``output``."""
     if axis is None:
-        flat = Tensor(f"{name}/flat", dtypes.int64, (1,), np.array([-1], np.int64))
+        flat = constant([-1], f"{name}/flat", dtypes.int64)
         x, axis = apply("Reshape", [x, flat], name=f"{name}/flatten")[0], 0
     if not -x.rank <= axis < x.rank:
         raise ShapeError(f"node {name!r} (Unique): axis {axis} is outside rank {x.rank}")

@@ -11,6 +11,7 @@ tensors it aliases.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import re
@@ -32,18 +33,27 @@ from treadle.ir.expr import as_expr, maximum, minimum
 
 Converter = Callable[..., object]
 TABLE: dict[object, Converter] = {}
+# Which nodes of an overload its converter takes, where not all (a result whose size it
+# cannot know): the others run in eager alone, rather than with the piece around them.
+CLAIMS: dict[object, Callable[[torch.fx.Node], bool]] = {}
 INT64_MAX = 2 ** 63 - 1
 
 
-def aten(*overloads: str) -> Callable[[Converter], Converter]:
-    """Registers a converter for ``aten.<op>.<overload>`` names that this torch has."""
+def aten(*overloads: str, claims: Optional[Callable[[torch.fx.Node], bool]] = None
+         ) -> Callable[[Converter], Converter]:
+    """Registers a converter for ``aten.<op>.<overload>`` names that this torch has (those
+    of another namespace written ``namespace::<op>.<overload>``), for the nodes ``claims``
+    accepts where given."""
     def wrap(convert: Converter) -> Converter:
         for name in overloads:
-            op_name, _, overload = name.partition(".")
-            packet = getattr(torch.ops.aten, op_name, None)
+            namespace, _, qualified = name.rpartition("::")
+            op_name, _, overload = qualified.partition(".")
+            packet = getattr(getattr(torch.ops, namespace or "aten"), op_name, None)
             target = getattr(packet, overload or "default", None) if packet else None
             if target is not None:
                 TABLE[target] = convert
+                if claims is not None:
+                    CLAIMS[target] = claims
         return convert
     return wrap
 
@@ -83,9 +93,14 @@ class Call:
     def first_only(self, first: Tensor, rest: str) -> tuple[Tensor, None]:
         """A two-result op's first result, refused when the graph reads the second (which
         ``rest`` names: max pooling's indices, attention's log-sum-exp)."""
-        if any(u.target is not operator.getitem or u.args[1] != 0 for u in self.node.users):
+        if self.reads_rest:
             raise UnsupportedOpError(f"{self.where}: {rest} are not supported")
         return first, None
+
+    @property
+    def reads_rest(self) -> bool:
+        """Whether the graph reads any result of the node but its first."""
+        return any(u.target is not operator.getitem or u.args[1] != 0 for u in self.node.users)
 
     def reshape(self, x: Tensor, shape: Sequence[Dim]) -> Tensor:
         """``x`` in PyTorch sizes, where 0 is a size (ONNX's Reshape reads it as 'keep')."""
@@ -167,13 +182,16 @@ def _shape_from_contents(value) -> str:
 
 
 def is_supported(node: torch.fx.Node) -> bool:
-    """Whether a call_function node has a converter (its arguments may still be refused)."""
+    """Whether a call_function node has a converter that claims it (its arguments may
+    still be refused)."""
     if node.target is operator.getitem or getattr(node.target, "_opname", None) in CHECKS:
         return True
     if not isinstance(node.target, torch._ops.OpOverload) \
             or node.target is torch.ops.aten.sym_size.int:
         return True  # size arithmetic
-    return node.target in TABLE or _custom_converter(node.target) is not None
+    if node.target in TABLE:
+        return node.target not in CLAIMS or CLAIMS[node.target](node)
+    return _custom_converter(node.target) is not None
 
 
 def decompositions(among: Optional[Collection] = None) -> dict:
@@ -305,6 +323,39 @@ def _bitwise_not(call: Call, x):
 @aten("rsqrt.default")
 def _rsqrt(call: Call, x):
     return call.op("Reciprocal", call.op("Sqrt", call.tensor(x, call.dtype)))
+
+
+# Abramowitz and Stegun 9.8.1 and 9.8.2: I0(x) as a polynomial in (x / 3.75)^2 below 3.75,
+# and sqrt(x) e^-x I0(x) (0.4 and more) as one in 3.75 / x from there on, each within 2e-7;
+# evaluated in float32, within 1e-6 relative of I0 and of PyTorch's float32.
+I0_BELOW = (1.0, 3.5156229, 3.0899424, 1.2067492, 0.2659732, 0.0360768, 0.0045813)
+I0_ABOVE = (0.39894228, 0.01328592, 0.00225319, -0.00157565, 0.00916281, -0.02057706,
+            0.02635537, -0.01647633, 0.00392377)
+
+
+@aten("i0.default", "special_i0.default")
+def _i0(call: Call, x):
+    """The modified Bessel function of order 0, in float32 (half precision's too). As
+    PyTorch's float32 does, the large branch multiplies by e^|x|, so it overflows to inf
+    from |x| = 88.7 on (NaN at infinity)."""
+    if call.dtype == dtypes.float64:  # the polynomials hold float32's accuracy only
+        raise UnsupportedOpError(f"{call.where}: float64 i0")
+    a = call.op("Abs", call.tensor(x, dtypes.float32))
+    knee = call.const(3.75, dtypes.float32)
+    t = call.op("Div", a, knee)
+    below = _polynomial(call, I0_BELOW, call.op("Mul", t, t))
+    above = call.op("Div", call.op("Mul", _polynomial(call, I0_ABOVE, call.op(
+        "Reciprocal", t)), call.op("Exp", a)), call.op("Sqrt", a))
+    y = call.op("Where", call.op("Less", a, knee), below, above)
+    return call.tensor(y, call.dtype)
+
+
+def _polynomial(call: Call, coefficients: Sequence[float], t: Tensor) -> Tensor:
+    """The sum of coefficients[k] * t^k, by Horner's rule."""
+    y = call.const(coefficients[-1], t.dtype)
+    for c in reversed(coefficients[:-1]):
+        y = call.op("Add", call.op("Mul", y, t), call.const(c, t.dtype))
+    return y
 
 
 @aten("silu.default")
@@ -475,6 +526,27 @@ def _repeat(call: Call, x, repeats):
     return call.op("Tile", x, call.dims([call.importer.dim(r) for r in repeats]))
 
 
+def _sized(node: torch.fx.Node) -> bool:
+    """Whether the tracer knows the node's result sizes without reading its inputs."""
+    return not _shape_from_contents(node.meta.get("val"))
+
+
+@aten("repeat_interleave.Tensor", claims=_sized)
+def _repeat_interleave(call: Call, repeats, *, output_size=None):
+    """Each position k of ``repeats`` as many times as it says: output position j holds
+    the count of running totals of ``repeats`` at or below j. Claimed only where the
+    output's size (the sum of repeats) is known, given as ``output_size`` or traced: a
+    size found in the data needs a bound from the inputs' sizes for the memory planned
+    for it, and the values of ``repeats`` have none."""
+    totals = call.op("CumSum", call.reshape(repeats, [-1]), call.const(0, dtypes.int64))
+    positions = call.op("Unsqueeze", _counting(call, call.shape[0]), call.ints([1]))
+    passed = call.op("LessOrEqual", call.op("Unsqueeze", call.tensor(totals, dtypes.int64),
+                                            call.ints([0])), positions)
+    counts = call.op("ReduceSum", call.tensor(passed, dtypes.int64), call.ints([1]),
+                     keepdims=0)
+    return call.tensor(counts, call.dtype)
+
+
 @aten("cat.default", "concat.default")
 def _cat(call: Call, tensors, dim=0):
     # PyTorch allows empty 1-D tensors beside others of any rank; they add nothing.
@@ -521,12 +593,85 @@ def _bound(value) -> Dim:
     return INT64_MAX if value is None else value
 
 
-@aten("slice.Tensor")
+def _viewable(node: torch.fx.Node) -> bool:
+    """Whether a slice is claimed: not one with symbolic bounds (``x[:, :n - 1]``, or read
+    from a tensor) that the graph returns. AOTAutograd rebuilds a returned view from the
+    returned tensor's strides and offset where the view's arguments are symbolic, which a
+    treadle result, a tensor of its own, does not have."""
+    symbolic = any(isinstance(a, torch.fx.Node) for a in node.args[2:4])
+    return not (symbolic and any(u.op == "output" for u in node.users))
+
+
+@aten("slice.Tensor", claims=_viewable)
 def _slice(call: Call, x, dim=0, start=None, end=None, step=1):
     dim %= x.rank
     start = 0 if start is None else start
+    if isinstance(start, Tensor) or isinstance(end, Tensor):
+        return _slice_found(call, x, dim, start, _bound(end), step)
     return call.op("Slice", x, call.dims([start]), call.dims([_bound(end)]),
                    call.ints([dim]), call.ints([step]))
+
+
+def _slice_found(call: Call, x: Tensor, dim: int, start, end, step: int) -> Tensor:
+    """A slice whose bounds are computed at run time (``x[:, a.item():]``, how
+    ``tensor_split`` with a tensor of indices is traced): its length is a size found in
+    the data, at most the dimension's, so it is a gather of the positions that a mask
+    over the dimension selects (NonZeroRows), its count the tracer's symbol."""
+    size = x.shape[dim]
+    positions = _counting(call, size)
+    first, last = (_position(call, v, size) for v in (start, end))
+    mask = call.op("And", call.op("GreaterOrEqual", positions, first),
+                   call.op("Less", positions, last))
+    if step != 1:
+        offset = call.op("Mod", call.op("Sub", positions, first),
+                         call.const(step, dtypes.int64))
+        mask = call.op("And", mask, call.op("Equal", offset, call.const(0, dtypes.int64)))
+    rows = _found_rows(call, mask, call.value.shape[dim])
+    return call.op("Gather", x, call.op("Squeeze", rows, call.ints([1])), axis=dim)
+
+
+def _position(call: Call, bound, size: Dim) -> Tensor:
+    """A slice bound (a number, or an integer scalar tensor) as an int64 scalar, as
+    PyTorch reads it: counted from the end where negative, then clamped to [0, size]."""
+    if not isinstance(bound, Tensor):
+        return call.op("Squeeze", call.dims([_first_index(size, bound)]), call.ints([0]))
+    bound = call.tensor(bound, dtypes.int64)
+    length = call.op("Squeeze", call.dims([size]), call.ints([0]))
+    zero = call.const(0, dtypes.int64)
+    wrapped = call.op("Where", call.op("Less", bound, zero), call.op("Add", bound, length),
+                      bound)
+    return call.op("Min", call.op("Max", wrapped, zero), length)
+
+
+COMPARISONS = (operator.ge, operator.gt, operator.le, operator.lt, operator.eq)
+
+
+def _slice_bound(node: torch.fx.Node) -> bool:
+    """Whether ``.item()`` gives an integer that only slices (as a bound) and checks read:
+    a size made from it elsewhere (``torch.zeros(n)``) could not be converted, and would
+    take the piece around it to eager."""
+    return isinstance(node.meta.get("val"), torch.SymInt) and all(
+        u.target is torch.ops.aten.slice.Tensor or u.target in COMPARISONS
+        for u in node.users)
+
+
+@aten("_local_scalar_dense.default", claims=_slice_bound)
+def _item(call: Call, x):
+    """``x.item()`` of an integer tensor: the scalar itself, which a slice takes as a bound
+    computed at run time (``_slice_found``)."""
+    return call.reshape(x, [])
+
+
+def _checked_only(node: torch.fx.Node) -> bool:
+    """Whether only comparisons read the node's value (the checks of a traced view)."""
+    return all(u.target in COMPARISONS for u in node.users)
+
+
+@aten("sym_storage_offset.default", claims=_checked_only)
+def _storage_offset(call: Call, x):
+    """Where a view starts in its base's memory, which the graph reads only to check that
+    it is not negative: treadle's results are tensors of their own, starting at 0."""
+    return call.const(0, dtypes.int64)
 
 
 @aten("narrow.default")
@@ -605,8 +750,12 @@ def _along(call: Call, index: Tensor, dim: int, shape: Sequence[Dim]) -> Tensor:
 @aten("index_fill.int_Scalar", "index_fill.int_Tensor")
 def _index_fill(call: Call, x, dim, index, value):
     """``value`` written at ``index`` (a vector) along ``dim``: a scatter of updates shaped
-    as ``x`` with ``dim`` as long as ``index``."""
-    dim %= max(x.rank, 1)
+    as ``x`` with ``dim`` as long as ``index``. A scalar ``x`` fills as a one-element
+    vector."""
+    if x.rank == 0:
+        filled = _index_fill(call, call.reshape(x, [1]), 0, index, value)
+        return call.reshape(filled, [])
+    dim %= x.rank
     shape = list(x.shape)
     shape[dim] = index.shape[0] if index.rank else 1
     fill = call.op("Expand", call.tensor(value, call.dtype), call.dims(shape))
@@ -675,8 +824,14 @@ def _identity(reduce: str, dtype: DataType):
 def _scattered(call: Call, x: Tensor, dim: int, index: Tensor, src, reduction: str):
     """ScatterElements of ``src`` (a number, or a tensor at least as large as ``index``)
     into ``x``: PyTorch reads the part of ``src`` that ``index`` covers, where ONNX takes
-    the two of one shape."""
+    the two of one shape. An empty ``index`` writes nothing, whatever its rank; scalars
+    scatter as one-element vectors."""
     src = call.tensor(src, call.dtype)
+    if 0 in index.shape:
+        return call.op("Identity", x)
+    if x.rank == 0 or index.rank == 0:
+        x_vector, index = (call.reshape(t, [1]) if t.rank == 0 else t for t in (x, index))
+        return call.reshape(_scattered(call, x_vector, dim, index, src, reduction), x.shape)
     if src.rank == 0:
         src = call.op("Expand", src, call.dims(index.shape))
     elif list(src.shape) != list(index.shape):
@@ -955,6 +1110,8 @@ def _flip(call: Call, x, dims):
 
 @aten("gather.default")
 def _gather(call: Call, x, dim, index, sparse_grad=False):
+    if 0 in index.shape:  # nothing to read, whatever the ranks
+        return _filled(call, 0)
     if x.rank and index.rank:
         return call.op("GatherElements", x, index, axis=dim % x.rank)
     # A scalar gathers as a one-element vector.
@@ -965,6 +1122,37 @@ def _gather(call: Call, x, dim, index, sparse_grad=False):
 @aten("embedding.default")
 def _embedding(call: Call, weight, indices, *args):
     return call.op("Gather", weight, indices, axis=0)
+
+
+@aten("embedding_renorm.default")
+def _embedding_renorm(call: Call, weight, indices, max_norm, norm_type):
+    """``weight`` with each row that ``indices`` looks up and whose ``norm_type``-norm
+    exceeds ``max_norm`` scaled by max_norm / (norm + 1e-7), PyTorch's rule (how
+    ``F.embedding(..., max_norm=...)`` writes into its weight): the scales of the rows
+    looked up are scattered over ones, so rows not looked up keep theirs."""
+    norms = _row_norms(call, weight, norm_type)
+    limit = call.const(max_norm, call.dtype)
+    ratio = call.op("Div", limit, call.op("Add", norms, call.const(1e-7, call.dtype)))
+    factor = call.op("Where", call.op("Greater", norms, limit), ratio,
+                     call.const(1, call.dtype))
+    rows = call.reshape(indices, [-1])
+    ones = call.op("Expand", call.const(1, call.dtype), call.dims(weight.shape[:1]))
+    scale = _scattered(call, ones, 0, rows, call.op("Gather", factor, rows, axis=0), "none")
+    return call.op("Mul", weight, call.op("Unsqueeze", scale, call.ints([1])))
+
+
+def _row_norms(call: Call, x: Tensor, p: float) -> Tensor:
+    """The ``p``-norm of each row of a matrix, as a vector."""
+    axes = call.ints([1])
+    if p in (1, 2):
+        return call.op(f"ReduceL{int(p)}", x, axes, keepdims=0)
+    if p == math.inf:
+        return call.op("ReduceMax", call.op("Abs", x), axes, keepdims=0)
+    if not p > 0:
+        raise UnsupportedOpError(f"{call.where}: norm type {p}")
+    powers = call.op("Pow", call.op("Abs", x), call.const(p, x.dtype))
+    return call.op("Pow", call.op("ReduceSum", powers, axes, keepdims=0),
+                   call.const(1 / p, x.dtype))
 
 
 @aten("tril.default", "triu.default")
@@ -1027,10 +1215,28 @@ def _pad(call: Call, x, pad, mode="constant", value=None):
     count = len(pad) // 2
     begins = [0] * (x.rank - count) + [pad[2 * k] for k in reversed(range(count))]
     ends = [0] * (x.rank - count) + [pad[2 * k + 1] for k in reversed(range(count))]
+    if mode == "replicate" and any(isinstance(p, int) and p < 0 for p in begins + ends):
+        return _replicated(call, x, begins, ends)
     inputs = [x, call.dims(begins + ends)]
     if mode == "constant" and value:
         inputs.append(call.const(value, x.dtype))
     return call.op("Pad", *inputs, mode=modes[mode])
+
+
+def _replicated(call: Call, x: Tensor, begins: Sequence[Dim], ends: Sequence[Dim]) -> Tensor:
+    """Replicate padding where a pad is negative (that side cropped), which ONNX's edge
+    mode refuses: output position j of a dimension reads the input at j - begin clamped
+    into it, PyTorch's rule, as one Gather per padded dimension."""
+    for axis, (begin, end) in enumerate(zip(begins, ends)):
+        if begin == 0 and end == 0:
+            continue
+        size = x.shape[axis]
+        if not all(isinstance(v, int) for v in (size, begin, end)):
+            raise UnsupportedOpError(f"{call.where}: negative replicate padding of a "
+                                     f"symbolic size {size}")
+        reads = np.clip(np.arange(size + begin + end) - begin, 0, size - 1)
+        x = call.op("Gather", x, call.ints(reads), axis=axis)
+    return x
 
 
 # ---- creation --------------------------------------------------------------------------
@@ -1216,6 +1422,14 @@ def _linear(call: Call, x, weight, bias=None):
     return y if bias is None else call.op("Add", y, bias)
 
 
+@aten("linalg_inv_ex.default")
+def _inverse(call: Call, a, *, check_errors=False):
+    """Each matrix's inverse and LAPACK's info (0 where it is invertible)."""
+    if check_errors:  # an exception from a singular matrix's info, which kernels lack
+        raise UnsupportedOpError(f"{call.where}: check_errors")
+    return tuple(call.op("Inverse", a, outputs=2))
+
+
 @aten("convolution.default", "conv1d.default", "conv2d.default", "conv3d.default",
       "_convolution.default")
 def _convolution(call: Call, x, weight, bias=None, stride=1, padding=0, dilation=1,
@@ -1281,8 +1495,12 @@ def _batch_norm(call: Call, x, weight, bias, mean, var, *args):
         training, eps = False, args[1]
     else:  # (training, momentum, eps)
         training, eps = args[0], args[2]
-    if training:
-        raise UnsupportedOpError(f"{call.where}: batch normalization in training mode")
+    if training and mean is None and var is None:
+        y, mean, _, inv = _batch_stats(call, x, weight, bias, eps)
+        return y if name == "batch_norm" else (y, mean, inv)
+    if training:  # a functional graph has the _functional overload for this
+        raise UnsupportedOpError(f"{call.where}: batch normalization in training mode "
+                                 "writing its running statistics")
     channels = x.shape[1]
     y = call.op("BatchNormalization", x, _ones_if_none(call, weight, channels, 1.0),
                 _ones_if_none(call, bias, channels, 0.0), mean, var, epsilon=float(eps))
@@ -1306,20 +1524,65 @@ def _instance_norm(call: Call, x, weight, bias, mean, var, use_input_stats, mome
 def _instance_stats(call: Call, x, weight, bias, training, momentum, eps):
     """Batch statistics without running ones: per channel over batch and space. Export
     writes instance normalization this way after folding the batch into channels."""
-    mean, inv = _moments(call, x, [0] + list(range(2, x.rank)), eps)
+    y, mean, _, inv = _batch_stats(call, x, weight, bias, eps)
+    return y, mean, inv
+
+
+@aten("_native_batch_norm_legit_functional.default")
+def _batch_norm_functional(call: Call, x, weight, bias, running_mean, running_var,
+                           training, momentum, eps):
+    """Batch normalization whose running statistics' update is a result rather than a
+    write: (y, save_mean, save_invstd, new running_mean, new running_var). Training
+    normalises by the batch's statistics and moves the running ones ``momentum`` of the
+    way towards them, the variance there unbiased (times n / (n - 1), n elements a
+    channel) as ATen's is."""
+    if not training:
+        y, empty, _ = _batch_norm(call, x, weight, bias, running_mean, running_var, False,
+                                  momentum, eps)
+        return y, empty, empty, running_mean, running_var
+    y, mean, var, inv = _batch_stats(call, x, weight, bias, eps)
+    count = call.op("Cast", call.dims([num_elements([x.shape[0], *x.shape[2:]])]),
+                    to=_onnx(var.dtype))
+    unbiased = call.op("Div", call.op("Mul", var, count),
+                       call.op("Sub", count, call.const(1, var.dtype)))
+    return (y, mean, inv, _momentum(call, running_mean, mean, momentum),
+            _momentum(call, running_var, unbiased, momentum))
+
+
+def _momentum(call: Call, running: Tensor, batch: Tensor, momentum: float) -> Tensor:
+    """The running statistic moved ``momentum`` of the way towards the batch's."""
+    return call.op("Add", call.op("Mul", batch, call.const(momentum, batch.dtype)),
+                   call.op("Mul", running, call.const(1 - momentum, running.dtype)))
+
+
+def _batch_stats(call: Call, x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                 eps: float) -> tuple[Tensor, ...]:
+    """``x`` normalised per channel by its statistics over batch and space, then the
+    channels' means, biased variances and reciprocal standard deviations."""
+    mean, var = _mean_var(call, x, [0] + list(range(2, x.rank)))
+    inv = _inverse_std(call, var, eps)
     y = _affine(call, call.op("Mul", call.op("Sub", x, mean), inv), weight, bias)
-    return y, call.reshape(mean, [-1]), call.reshape(inv, [-1])
+    return (y, *(call.reshape(t, [-1]) for t in (mean, var, inv)))
 
 
 def _moments(call: Call, x: Tensor, axes: list[int], eps: float) -> tuple[Tensor, Tensor]:
     """The mean of ``x`` over ``axes`` and its reciprocal (biased) standard deviation,
     both with the axes kept as size 1."""
+    mean, var = _mean_var(call, x, axes)
+    return mean, _inverse_std(call, var, eps)
+
+
+def _mean_var(call: Call, x: Tensor, axes: list[int]) -> tuple[Tensor, Tensor]:
+    """The mean of ``x`` over ``axes`` and its biased variance, the axes kept as size 1."""
     axes = call.ints(axes)
     mean = call.op("ReduceMean", x, axes, keepdims=1)
     centred = call.op("Sub", x, mean)
-    var = call.op("ReduceMean", call.op("Mul", centred, centred), axes, keepdims=1)
-    eps = call.const(eps, x.dtype)
-    return mean, call.op("Reciprocal", call.op("Sqrt", call.op("Add", var, eps)))
+    return mean, call.op("ReduceMean", call.op("Mul", centred, centred), axes, keepdims=1)
+
+
+def _inverse_std(call: Call, var: Tensor, eps: float) -> Tensor:
+    eps = call.const(eps, var.dtype)
+    return call.op("Reciprocal", call.op("Sqrt", call.op("Add", var, eps)))
 
 
 def _affine(call: Call, y: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]):
@@ -1382,6 +1645,64 @@ def _safe_softmax(call: Call, x, dim, dtype=None):
     return call.op("Where", masked, call.const(0, x.dtype), y)
 
 
+# torch defines the chunked ``F.linear_cross_entropy`` ops in Python and imports the
+# module at their first call; a torch without it has no such ops.
+with contextlib.suppress(ImportError):
+    import torch.nn.modules.linear_cross_entropy  # noqa: F401
+
+
+@aten("torch_nn::_linear_cross_entropy_batch_chunked.default")
+def _chunked_cross_entropy(call: Call, x, linear_weight, target, linear_bias, weight,
+                           reduction, ignore_index, label_smoothing, chunk_size, acc_policy,
+                           acc_dtype, retain_graph, *gradients):
+    """``F.linear_cross_entropy`` with chunking options and a mean or sum: the loss, and
+    the gradients it computes ahead where ``gradients`` asks (then they are empty, where
+    the graph serves inference, or the op is refused). Chunks only bound eager's memory:
+    the loss is linear then cross entropy, as one graph."""
+    if label_smoothing or any(gradients):
+        raise UnsupportedOpError(f"{call.where}: label smoothing or gradients precomputed "
+                                 "for training")
+    loss = _class_cross_entropy(call, x, linear_weight, target, linear_bias, weight,
+                                reduction, ignore_index)
+    empty = [call.const(np.zeros(v.shape), call.dtype) for v in call.node.meta["val"][1:]]
+    return (loss, *empty)
+
+
+@aten("torch_nn::_linear_cross_entropy_batch_chunked_no_reduction.default")
+def _chunked_cross_entropy_none(call: Call, x, linear_weight, target, linear_bias, weight,
+                                ignore_index, *options):
+    """The chunked op's per-sample losses (``reduction='none'``); the chunking ``options``
+    change only eager's memory."""
+    return _class_cross_entropy(call, x, linear_weight, target, linear_bias, weight, "none",
+                                ignore_index)
+
+
+def _class_cross_entropy(call: Call, x: Tensor, linear_weight: Tensor, target: Tensor,
+                         bias: Optional[Tensor], weight: Optional[Tensor], reduction: str,
+                         ignore_index: int) -> Tensor:
+    """Cross entropy of ``x @ linear_weight.T + bias`` ([N, C]) against class indices
+    ([N]): row n loses -log_softmax[n, target[n]] times its class's weight, 0 where the
+    target is ``ignore_index``; a mean divides by the weights counted (0 / 0 = NaN where
+    none is)."""
+    logits = call.tensor(_linear(call, x, linear_weight, bias), call.dtype)
+    ignored = call.op("Equal", target, call.const(ignore_index, target.dtype))
+    classes = call.op("Where", ignored, call.const(0, target.dtype), target)
+    picked = call.op("GatherElements", call.op("LogSoftmax", logits, axis=1),
+                     call.op("Unsqueeze", classes, call.ints([1])), axis=1)
+    counted = call.op("Gather", call.tensor(weight, call.dtype), classes, axis=0) \
+        if weight is not None else call.op("Expand", call.const(1, call.dtype),
+                                           call.dims(target.shape))
+    counted = call.op("Where", ignored, call.const(0, call.dtype), counted)
+    losses = call.op("Mul", call.op("Neg", call.op("Squeeze", picked, call.ints([1]))),
+                     counted)
+    if reduction == "none":
+        return losses
+    total = call.op("ReduceSum", losses, call.ints([0]), keepdims=0)
+    if reduction == "sum":
+        return total
+    return call.op("Div", total, call.op("ReduceSum", counted, call.ints([0]), keepdims=0))
+
+
 @aten("scaled_dot_product_attention.default")
 def _attention(call: Call, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                scale=None, enable_gqa=False):
@@ -1439,56 +1760,117 @@ def _avg_pool(call: Call, x, kernel, stride=(), padding=0, ceil_mode=False,
     kernel = _window(kernel, spatial)
     stride = _window(stride, spatial) if stride else kernel
     pads = _window(padding, spatial)
-    if divisor_override is not None:
-        if ceil_mode:  # the windows past the edge would count otherwise
-            raise UnsupportedOpError(f"{call.where}: divisor_override with ceil_mode")
-        # Every window then spans the whole kernel: the mean times its size is the sum.
-        count_include_pad = True
-    y = _batched(call, x, lambda b: call.op(
+    if divisor_override is not None:  # each window's sum over the divisor
+        y = _whole_window_means(call, x, kernel, stride, pads, ceil_mode)
+        return call.op("Mul", y, call.const(math.prod(kernel) / divisor_override, x.dtype))
+    return _batched(call, x, lambda b: call.op(
         "AveragePool", b, kernel_shape=kernel, strides=stride, pads=pads + pads,
         ceil_mode=int(ceil_mode), count_include_pad=int(count_include_pad)))
-    if divisor_override is None:
+
+
+def _whole_window_means(call: Call, x: Tensor, kernel: list[int], stride: list[int],
+                        pads: list[int], ceil_mode: bool) -> Tensor:
+    """Each window's sum divided by the kernel's size, padding and all: ``x`` padded with
+    zeros explicitly, so that no window is cut short. In ceil mode the last window may
+    hang past the padding, so the right side takes stride - 1 more, and the result is cut
+    to the node's size (where PyTorch drops a last window starting in the right padding)."""
+    count = len(kernel)
+    right = [p + (s - 1 if ceil_mode else 0) for p, s in zip(pads, stride)]
+
+    def pool(b: Tensor) -> Tensor:
+        lead = [0] * (b.rank - count)
+        padded = call.op("Pad", b, call.ints(lead + pads + lead + right))
+        return call.op("AveragePool", padded, kernel_shape=kernel, strides=stride)
+    y = _batched(call, x, pool)
+    if not ceil_mode:
         return y
-    return call.op("Mul", y, call.const(math.prod(kernel) / divisor_override, x.dtype))
+    return call.op("Slice", y, call.ints([0] * count), call.dims(call.shape[-count:]),
+                   call.ints(list(range(-count, 0))))
 
 
 @aten("adaptive_avg_pool2d.default", "_adaptive_avg_pool2d.default",
-      "adaptive_avg_pool1d.default", "adaptive_max_pool2d.default")
+      "adaptive_avg_pool1d.default", "adaptive_avg_pool3d.default",
+      "_adaptive_avg_pool3d.default", "adaptive_max_pool2d.default",
+      "adaptive_max_pool3d.default")
 def _adaptive_pool(call: Call, x, output_size):
     biggest = call.node.target._opname.startswith("adaptive_max")
+    indices = biggest and call.reads_rest
     count = _spatial(call)
     spatial, out = list(x.shape[-count:]), _window(output_size, count)
-    if all(o == 1 for o in out):
+    if all(o == 1 for o in out) and not indices:
         y = _batched(call, x, lambda b: call.op(
             "GlobalMaxPool" if biggest else "GlobalAveragePool", b))
-        return call.first_only(y, "max pooling indices") if biggest else y
+        return (y, None) if biggest else y
     if not all(isinstance(s, int) for s in spatial):
         raise UnsupportedOpError(f"{call.where}: adaptive pooling of symbolic sizes {spatial}")
-    if any(s % o for s, o in zip(spatial, out)):
+    if indices or any(s % o for s, o in zip(spatial, out)):
         if biggest:
-            raise UnsupportedOpError(f"{call.where}: adaptive max pooling of {spatial} to "
-                                     f"{out} (only divisible sizes are)")
+            return _adaptive_max(call, x, spatial, out)
         return _uneven_average(call, x, spatial, out)
     kernel = [s // o for s, o in zip(spatial, out)]
     y = _batched(call, x, lambda b: call.op(
         "MaxPool" if biggest else "AveragePool", b, kernel_shape=kernel, strides=kernel))
-    return call.first_only(y, "max pooling indices") if biggest else y
+    return (y, None) if biggest else y
+
+
+def _adaptive_windows(size: int, count: int) -> list[tuple[int, int]]:
+    """PyTorch's adaptive pooling windows, (start, end): window i of ``count`` over
+    ``size`` elements spans floor(i * size / count) to the ceiling of (i+1) * size / count."""
+    return [(i * size // count, -(-(i + 1) * size // count)) for i in range(count)]
 
 
 def _uneven_average(call: Call, x: Tensor, spatial: list[int], out: list[int]) -> Tensor:
     """Adaptive average pooling whose windows differ in size, one dimension at a time (a
     box's mean is the mean of its rows' means) as products with constant weights: the
-    last dimension as x @ W, the one before (2-D pooling) as W^T @ x."""
+    last dimension as x @ W, one before it as W^T @ x with the dimensions after it
+    flattened into one."""
     for k, (size, count) in enumerate(zip(spatial, out)):
         weights = np.zeros((size, count))
-        for i in range(count):  # PyTorch's window i: floor(i*size/count) to the ceiling
-            start, end = i * size // count, -(-(i + 1) * size // count)
+        for i, (start, end) in enumerate(_adaptive_windows(size, count)):
             weights[start:end, i] = 1 / (end - start)
         if k == len(spatial) - 1:
             x = call.op("MatMul", x, call.const(weights, x.dtype))
-        else:
-            x = call.op("MatMul", call.const(weights.T, x.dtype), x)
+            continue
+        before, after = x.shape[:k - len(spatial)], x.shape[k + 1 - len(spatial):]
+        rows = call.reshape(x, [*before, size, math.prod(after)])
+        x = call.reshape(call.op("MatMul", call.const(weights.T, x.dtype), rows),
+                         [*before, count, *after])
     return x
+
+
+def _adaptive_max(call: Call, x: Tensor, spatial: list[int], out: list[int]
+                  ) -> tuple[Tensor, Tensor]:
+    """Adaptive max pooling and its indices as ATen has them, the position within the
+    plane of each channel (the first of equal maxima): every window's elements gathered
+    from the flattened plane, then their maximum and where it stands."""
+    table = _window_table(spatial, out)
+    lead = list(x.shape[:-len(spatial)])
+    plane = call.reshape(x, [*lead, math.prod(spatial)])
+    windows = call.op("Gather", plane, call.const(table, dtypes.int64), axis=len(lead))
+    y = call.op("ReduceMax", windows, call.ints([-1]), keepdims=0)
+    place = call.op("ArgMax", windows, axis=len(lead) + 1, keepdims=0)
+    starts = call.const(np.arange(len(table)) * table.shape[1], dtypes.int64)
+    indices = call.op("Gather", call.const(table.reshape(-1), dtypes.int64),
+                      call.op("Add", place, starts), axis=0)
+    return call.reshape(y, [*lead, *out]), call.reshape(indices, [*lead, *out])
+
+
+def _window_table(spatial: list[int], out: list[int]) -> np.ndarray:
+    """[windows, width]: the flat positions in the plane of each adaptive window's
+    elements, windows and their elements in row-major order. A window narrower than the
+    widest repeats its last element along each dimension: it changes neither the maximum
+    nor where it first occurs, as a repeat comes after the element it repeats."""
+    rank, flat = len(spatial), np.zeros((), np.int64)
+    strides = [math.prod(spatial[d + 1:]) for d in range(rank)]
+    for d, (size, count) in enumerate(zip(spatial, out)):
+        windows = _adaptive_windows(size, count)
+        width = max(end - start for start, end in windows)
+        positions = np.array([[min(start + j, end - 1) for j in range(width)]
+                              for start, end in windows])
+        shape = [1] * (2 * rank)
+        shape[d], shape[rank + d] = count, width
+        flat = flat + positions.reshape(shape) * strides[d]
+    return flat.reshape(math.prod(out), -1)
 
 
 def _spatial(call: Call) -> int:

@@ -10,6 +10,8 @@
        (``runtime.build``) into the target's executable.
 
 Operators that only reinterpret their input's memory (reshape and friends) become views.
+A Loop counted at run time (``graph.ops.loop``) becomes a host step: its body is compiled
+here as a model of its own, on the same target, and the step calls it per iteration.
 """
 from __future__ import annotations
 
@@ -21,20 +23,31 @@ import numpy as np
 from treadle.dump import dump_folder, dump_text
 from treadle.graph.graph import Graph
 from treadle.graph.kernel_plan import STRATEGIES, KernelPlan, build_plans
+from treadle.graph.operator import Operator
+from treadle.graph.ops.loop import HostLoop, LoopBody
 from treadle.graph.optimize import optimize
-from treadle.graph.partition import format_partition
+from treadle.graph.partition import ON_HOST, format_partition
 from treadle.graph.tensor import Tensor
 from treadle.ir.stmt import Function
 from treadle.orchestrate import orchestrated
 from treadle.runtime.build import build, executable
-from treadle.runtime.executor import Executable, Slot, Step
+from treadle.runtime.executor import Executable, HostFunction, Slot, Step
 from treadle.schedule.fusion import FusedKernel, schedule_plan
 from treadle.target import Target
 from treadle.target.cpu import host
 from treadle.tune.dynamic import SizeRange
 from treadle.tune.kernel import KernelMaker
 
-STRATEGIES["orchestrate"] = orchestrated
+
+def _orchestrated(graph: Graph, builder: _Builder) -> Executable:
+    """Korch's orchestration, which builds and times every kernel it considers; a graph
+    with a step run on the host (a Loop), which is no kernel, keeps greedy fusion."""
+    if any(op.op_type in ON_HOST for op in graph.nodes):
+        return STRATEGIES["greedy"](graph, builder)
+    return orchestrated(graph, builder)
+
+
+STRATEGIES["orchestrate"] = _orchestrated
 
 
 def compile_graph(graph: Graph, optimize_graph: bool = True, tune: int | str = 0,
@@ -63,13 +76,14 @@ def run_constants(graph: Graph) -> list[np.ndarray]:
 @dataclass(frozen=True)
 class PlannedStep:
     """A step before its kernel is built: the kernel's function (None for a view, which
-    copies or aliases), the slots of its arguments (workspaces as -1, -2, ...), of the
-    tensors it writes, and its workspaces."""
+    copies or aliases, and for a host step, which runs ``host``), the slots of its
+    arguments (workspaces as -1, -2, ...), of the tensors it writes, and its workspaces."""
     name: str
     function: Function | None
     args: tuple[int, ...]
     outputs: tuple[int, ...]
     workspaces: tuple[Slot, ...] = ()
+    host: HostFunction | None = None
 
 
 @dataclass(frozen=True)
@@ -80,7 +94,7 @@ class _Builder:
     def executable(self, graph: Graph, plans: Sequence[KernelPlan]) -> Executable:
         dump_text(("graph", "partition.txt"), format_partition(plans))
         self.maker.tune_dynamic([(p.anchor, _kernel_name(k, p)) for k, p in enumerate(plans)
-                                 if not p.is_view])
+                                 if not (p.is_view or p.on_host)])
         slots = _Slots(graph)
         steps = _planned_steps(plans, slots, self.maker)
         # Constants only read through a layout of their own (weights packed into panels)
@@ -90,7 +104,7 @@ class _Builder:
         functions = list({s.function.name: s.function for s in steps if s.function}.values())
         kernels = build(functions, self.maker.target, graph.name)
         built = [Step(s.name, s.function and kernels[s.function.name], s.args, s.outputs,
-                      s.workspaces) for s in steps]
+                      s.workspaces, s.host) for s in steps]
         result = executable(self.maker.target, slots.slots, [slots[t] for t in graph.inputs],
                             [slots[t] for t in graph.outputs], constants, built)
         unordered = result.reads_before_writes()
@@ -110,9 +124,29 @@ def _planned_steps(plans: Sequence[KernelPlan], slots: "_Slots", maker: KernelMa
             steps.append(PlannedStep(plan.name, None, (slots[plan.anchor.inputs[0]],),
                                      (slots[plan.anchor.outputs[0]],)))
             continue
+        if plan.on_host:
+            op = plan.anchor
+            steps.append(PlannedStep(plan.name, None, tuple(slots[t] for t in op.inputs),
+                                     tuple(slots[t] for t in op.outputs),
+                                     host=_host_loop(op, maker)))
+            continue
         for kernel in schedule_plan(plan, _kernel_name(index, plan), maker):
             steps.append(_kernel_step(plan.name, kernel, slots, unique))
     return steps
+
+
+def _host_loop(op: Operator, maker: KernelMaker) -> HostLoop:
+    """A Loop's step: its body compiled as a model of its own, for the same target."""
+    body: LoopBody = op.attrs["body"]
+    compiled = compile_graph(body.graph, tune=maker.tune, dynamic=maker.dynamic,
+                             target=maker.target)
+    first = 1 + body.states  # the body's first scanned output
+
+    def empty(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        shapes = compiled.output_shapes(*arrays)[first:]
+        return [np.empty((0, *shape), compiled.slots[slot].dtype.numpy)
+                for shape, slot in zip(shapes, compiled.outputs[first:])]
+    return HostLoop(lambda arrays: compiled(*arrays), empty, body.states)
 
 
 def _kernel_name(index: int, plan: KernelPlan) -> str:

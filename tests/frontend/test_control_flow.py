@@ -1,6 +1,7 @@
 """If, Scan and Loop against ONNX Runtime: conditions known when compiling and computed at
 run time, scans in both directions along any axis, loops with scanned outputs, with a
-condition that stops them early and with a trip count given as an input; the errors."""
+condition that stops them early (with scanned outputs too, and without a trip count) and
+with a trip count given as an input; the errors."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +11,7 @@ from onnx import TensorProto, helper
 import treadle
 from tests.frontend.onnx_models import make_model, tensor
 from tests.harness import assert_close, rng, run_onnxruntime
-from treadle.errors import ModelError, UnsupportedOpError
+from treadle.errors import ModelError
 
 pytest.importorskip("onnxruntime")
 FLOAT, BOOL, INT64 = TensorProto.FLOAT, TensorProto.BOOL, TensorProto.INT64
@@ -130,16 +131,17 @@ def test_a_trip_count_given_in_the_call():
             assert_close(got, want)
 
 
-def test_scanned_outputs_of_a_loop_stopped_at_run_time_are_refused():
-    with pytest.raises(UnsupportedOpError, match="loop.*condition is computed at run time"):
-        treadle.compile(loop_model(4, stop_at=10.0))
-
-
-def test_a_loop_without_a_trip_count_is_refused():
-    model = loop_model(3, scanned=False)
-    model.graph.node[0].input[0] = ""
-    with pytest.raises(UnsupportedOpError, match="loop.*without a trip count"):
-        treadle.compile(model)
+@pytest.mark.parametrize("trips", [4, None])
+def test_scanned_outputs_of_a_loop_stopped_at_run_time(trips):
+    """A condition computed at run time with scanned outputs, with and without a trip
+    count: a Loop operator runs the body (tests/frontend/test_loop_runtime.py)."""
+    model = loop_model(trips or 3, stop_at=10.0)
+    if trips is None:
+        model.graph.node[0].input[0] = ""
+    compiled = treadle.compile(model)
+    for v0 in (np.ones(3, np.float32), np.full(3, 0.5, np.float32)):
+        for got, want in zip(compiled(v0=v0), run_onnxruntime(model, {"v0": v0})):
+            assert_close(got, want)
 
 
 def test_a_body_reading_an_undefined_tensor_names_it():

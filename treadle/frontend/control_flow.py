@@ -1,33 +1,50 @@
-"""If, Scan and Loop: nodes whose attributes hold subgraphs, imported by importing the
-subgraphs in place.
+"""If, Scan and Loop: nodes whose attributes hold subgraphs.
 
-treadle's graphs have no control flow, so a subgraph's nodes become nodes of the graph
-around it, named ``<node>/<branch or iteration>/<body node>``:
+treadle's graphs have no control flow of their own, so a subgraph is mostly imported in
+place, its nodes becoming nodes of the graph around it, named
+``<node>/<branch or iteration>/<body node>``:
 * If with a condition known when compiling imports the branch it takes. Otherwise both
   branches are computed and each output is chosen by the condition (``Where``), which
   needs the branches' outputs to agree in shape.
-* Scan and Loop are unrolled: each iteration imports the body once, over the states the
-  iteration before left and its slice of the scanned inputs; scanned outputs are stacked.
-  The number of iterations must be known when compiling (a static scanned axis, a trip
-  count known from constants or, through specialisation, from small graph inputs). A
-  Loop's condition computed at run time stops the loop by freezing its states, so only a
-  Loop without scanned outputs may have one.
+* Scan is unrolled: each iteration imports the body once, over the states the iteration
+  before left and its slice of the scanned inputs; scanned outputs are stacked. The
+  scanned axis must have a static length.
+* Loop is unrolled the same way where its trip count is known when compiling and at most
+  ``UNROLLED_TRIPS``; a condition computed at run time then stops it by freezing its
+  states, which only a loop without scanned outputs can do. Every other Loop (a trip
+  count computed at run time, from a graph input or a symbolic dimension; none at all; a
+  long one; a condition computed at run time with scanned outputs) becomes one ``Loop``
+  operator (``graph.ops.loop``) whose body is a graph of its own, named
+  ``<node>_body``: its inputs are the iteration number, the condition, the states and
+  the tensors it reads from the graphs around it (constants, and tensors whose contents
+  are known, stay constants of the body), and the compiler compiles it as a model of its
+  own that the executor calls once per iteration. Its states must keep their shapes from one iteration to the next. A body
+  that needs the contents of a tensor it computes when compiling (a Slice at the
+  iteration number) is unrolled all the same, so its trip count must then be known
+  when compiling (a graph input's specialises the model: ``treadle.specialise``).
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import onnx
 
 from treadle.errors import ModelError, NeedsValueError, UnsupportedOpError
+from treadle.graph.graph import Graph
 from treadle.graph.known import derive_value
 from treadle.graph.operator import apply
+from treadle.graph.ops.loop import LoopBody
 from treadle.graph.tensor import Tensor, constant
 
 # Imports the body graph with its inputs bound to the given tensors, its nodes named under
-# the prefix, and returns its outputs.
-ImportBody = Callable[[onnx.GraphProto, Sequence[Tensor], str], list[Tensor]]
+# the prefix, and returns its outputs; the keyword ``env`` replaces the scope it reads
+# the graph around it from.
+ImportBody = Callable[..., list[Tensor]]
+# Loops known to run at most this many times are unrolled: their kernels then fuse
+# across iterations and no step calls back into Python, but each iteration is a copy of
+# the body to compile.
+UNROLLED_TRIPS = 32
 
 
 def import_if(node: onnx.NodeProto, name: str, inputs: list[Optional[Tensor]],
@@ -82,22 +99,58 @@ def import_scan(node: onnx.NodeProto, name: str, inputs: list[Optional[Tensor]],
 
 
 def import_loop(node: onnx.NodeProto, name: str, inputs: list[Optional[Tensor]],
-                body: ImportBody) -> list[Tensor]:
+                body: ImportBody, env: Mapping[str, Tensor]) -> list[Tensor]:
+    """The loop unrolled where it runs a few times, known when compiling; else one Loop
+    operator over its body as a graph, which the executor runs."""
     graph = _graphs(node, name, ("body",))[0]
     trips, cond, states = (inputs + [None, None])[0], (inputs + [None, None])[1], inputs[2:]
-    if trips is None:
-        raise UnsupportedOpError(f"node {name!r} (Loop): a loop without a trip count runs "
-                                 "until its condition fails, a number of times only run time "
-                                 "knows")
-    count = _known(trips)
-    if count is None:
-        raise NeedsValueError(f"node {name!r} (Loop): the trip count must be known when "
-                              "compiling, but it is computed at run time", trips.name)
-    running = None if cond is None or _known(cond) is True else _scalar(cond, f"{name}/cond")
+    if len(graph.input) != 2 + len(states) or len(graph.output) < 1 + len(states):
+        raise ModelError(f"node {name!r} (Loop): its body takes {len(graph.input)} inputs "
+                         f"and gives {len(graph.output)} outputs, for {len(states)} "
+                         "loop-carried states")
+    count = None if trips is None else _known(trips)
     if cond is not None and _known(cond) is False:
         count = 0
+    scanned = len(graph.output) > 1 + len(states)
+    if count is not None and count <= UNROLLED_TRIPS and not (scanned and count <= 0):
+        try:
+            return _unrolled_loop(name, graph, cond, states, max(count, 0), body)
+        except _StopsAtRunTime:
+            pass
+    try:
+        return _run_time_loop(node, name, graph, (trips, cond, states), body, env)
+    except _NeedsUnrolling as err:
+        return _unrolled_instead(name, graph, (trips, cond, states), count, body, err.error)
+
+
+def _unrolled_instead(name: str, graph: onnx.GraphProto,
+                      given: tuple[Optional[Tensor], Optional[Tensor], list[Tensor]],
+                      count: Optional[int], body: ImportBody,
+                      error: NeedsValueError) -> list[Tensor]:
+    """A body that needs a value of its iteration when compiling (a Slice at the
+    iteration number) imports only unrolled: its trip count must be known then, so a
+    graph input's specialises the model (compiled per trip count)."""
+    trips, cond, states = given
+    if count is None:
+        raise NeedsValueError(f"{error}; so node {name!r} (Loop) is unrolled, and its trip "
+                              "count must be known when compiling",
+                              error.tensor if trips is None else trips.name)
+    try:
+        return _unrolled_loop(name, graph, cond, states, max(count, 0), body)
+    except _StopsAtRunTime:
+        raise UnsupportedOpError(f"{error}; so node {name!r} (Loop) is unrolled, but its "
+                                 "condition is computed at run time, so how many slices its "
+                                 "scanned outputs stack is known only then") from None
+
+
+def _unrolled_loop(name: str, graph: onnx.GraphProto, cond: Optional[Tensor],
+                   states: list[Tensor], count: int, body: ImportBody) -> list[Tensor]:
+    """The body imported once per iteration. A condition computed at run time stops the
+    loop by freezing its states: the number of slices to stack is then known only at run
+    time (``_StopsAtRunTime``)."""
+    running = None if cond is None or _known(cond) is True else _scalar(cond, f"{name}/cond")
     scanned: list[list[Tensor]] = []
-    for t in range(max(int(count), 0)):
+    for t in range(count):
         flag = running if running is not None else constant(np.array(True), f"{name}/{t}/true")
         outputs = body(graph, [constant(np.array(t, np.int64), f"{name}/{t}/iteration"), flag,
                                *states], f"{name}/{t}")
@@ -107,17 +160,89 @@ def import_loop(node: onnx.NodeProto, name: str, inputs: list[Optional[Tensor]],
                        for k, (new, old) in enumerate(zip(carried, states))]
         states, running = carried, _next_condition(outputs[0], running, name, t)
         if running is not None and scan_parts:
-            raise UnsupportedOpError(f"node {name!r} (Loop): its condition is computed at run "
-                                     "time, so how many slices its scanned outputs stack is "
-                                     "known only then")
+            raise _StopsAtRunTime()
         scanned.append(scan_parts)
     if scanned and scanned[0]:
         return [*states, *(_stack([s[k] for s in scanned], 0, f"{name}/out{k}")
                            for k in range(len(scanned[0])))]
-    if len(graph.output) > 1 + len(states):
-        raise UnsupportedOpError(f"node {name!r} (Loop): scanned outputs of zero iterations "
-                                 "have no shape to take")
     return states
+
+
+def _run_time_loop(node: onnx.NodeProto, name: str, graph: onnx.GraphProto,
+                   given: tuple[Optional[Tensor], Optional[Tensor], list[Tensor]],
+                   body: ImportBody, env: Mapping[str, Tensor]) -> list[Tensor]:
+    """One Loop operator (``graph.ops.loop``): an absent trip count is the largest int64,
+    an absent condition true."""
+    trips, cond, states = given
+    if trips is None:
+        trips = constant(np.array(np.iinfo(np.int64).max), f"{name}/no_trip_count")
+    if cond is None:
+        cond = constant(np.array(True), f"{name}/no_condition")
+    scope = _Captured(env)
+    bound = [Tensor(graph.input[0].name, "int64", ()), Tensor(graph.input[1].name, "bool", ()),
+             *(Tensor(i.name, t.dtype, t.shape) for i, t in zip(graph.input[2:], states))]
+    try:
+        outputs = body(graph, bound, f"{name}/body", env=scope)
+    except NeedsValueError as err:
+        if err.tensor in scope.captured:  # a tensor from outside: specialising may bind it
+            raise
+        raise _NeedsUnrolling(err) from None
+    captured = list(scope.captured.values())
+    loop_body = LoopBody(Graph.from_outputs([*bound, *(inner for _, inner in captured)],
+                                            outputs, f"{name}_body"), len(states))
+    shown = len(outputs) - 1  # the states and the scanned outputs
+    names = [*(list(node.output) + [""] * shown)[:shown], f"{name}/iterations"]
+    return apply("Loop", [trips, cond, *states, *(outer for outer, _ in captured)],
+                 {"body": loop_body}, name=name, output_names=names)[:-1]
+
+
+class _StopsAtRunTime(Exception):
+    """An unrolled loop with scanned outputs whose condition is computed at run time."""
+
+
+class _NeedsUnrolling(Exception):
+    """A body that needs the contents of a tensor it computes when compiling."""
+
+    def __init__(self, error: NeedsValueError):
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Captured(Mapping):
+    """The scope of a body run as a graph of its own: the constants of the graphs around
+    it as they are, and tensors whose contents are known (a shape's) as constants; their
+    other tensors as new inputs of the body (``captured``: outer tensor and the body's
+    input, by name), which the Loop reads and passes on."""
+
+    def __init__(self, outer: Mapping[str, Tensor]):
+        self.outer = outer
+        self.captured: dict[str, tuple[Tensor, Tensor]] = {}
+        self._seen: dict[str, Tensor] = {}  # what the body reads for each name
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key not in self._seen:
+            self._seen[key] = self._inner(key, self.outer[key])
+        return self._seen[key]
+
+    def _inner(self, key: str, tensor: Tensor) -> Tensor:
+        if tensor.is_constant:
+            return tensor
+        derive_value(tensor)
+        if tensor.value is not None and all(isinstance(v, (int, np.integer, bool, np.bool_))
+                                            for v in tensor.value):
+            return constant(np.array(tensor.value, tensor.dtype.numpy).reshape(tensor.shape),
+                            key)
+        self.captured[key] = (tensor, Tensor(key, tensor.dtype, tensor.shape))
+        return self.captured[key][1]
+
+    def __contains__(self, key) -> bool:
+        return key in self.outer
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.outer)
+
+    def __len__(self) -> int:
+        return len(self.outer)
 
 
 def _next_condition(cond: Tensor, running: Optional[Tensor], name: str,

@@ -358,7 +358,7 @@ def _import_control(node: onnx.NodeProto, name: str, inputs: list[Optional[Tenso
         return control_flow.import_if(node, name, inputs, body)
     if node.op_type == "Scan":
         return control_flow.import_scan(node, name, inputs, attrs, opset, body)
-    return control_flow.import_loop(node, name, inputs, body)
+    return control_flow.import_loop(node, name, inputs, body, env)
 
 
 def _import_function(node: onnx.NodeProto, name: str, inputs: list[Optional[Tensor]],

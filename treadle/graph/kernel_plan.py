@@ -6,7 +6,8 @@ rules, and the prologues and epilogues fused into it after scheduling (see
 ``schedule.fusion``); the tensors it reads from outside and the one or more it writes. Plans
 may share operators: an operator in two plans is computed by both (recomputing a cheap
 value can beat writing it out and reading it back), and only the plans that list its
-tensor among their outputs write it. A plan whose anchor is a view builds no kernel.
+tensor among their outputs write it. A plan whose anchor is a view builds no kernel, nor
+does one whose anchor runs on the host (a Loop, ``partition.ON_HOST``), alone in its plan.
 
 A strategy turns a graph into plans in an order that runs producers first, over a graph
 of its choice (orchestration splits operators into primitives first), and has them built
@@ -23,7 +24,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator
-from treadle.graph.partition import Group, is_view, partition
+from treadle.graph.partition import ON_HOST, Group, is_view, partition
 from treadle.graph.tensor import Tensor
 
 
@@ -56,6 +57,10 @@ class KernelPlan:
     @property
     def is_view(self) -> bool:
         return is_view(self.anchor)
+
+    @property
+    def on_host(self) -> bool:
+        return self.anchor.op_type in ON_HOST
 
 
 def single(op: Operator) -> KernelPlan:

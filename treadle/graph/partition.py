@@ -19,8 +19,9 @@ rules, plus the operators fused into it after scheduling:
 
 A group may produce several tensors: the last epilogue's result and any in-group tensor
 that something outside the group still reads. Groups never form a cycle: an operator joins
-only when none of its outside inputs depends on the group. View operators (reshapes) are
-never fused; they cost nothing as they are.
+only when none of its outside inputs depends on the group. View operators (reshapes),
+which cost nothing as they are, and operators run on the host (``ON_HOST``) are never
+fused.
 """
 from __future__ import annotations
 
@@ -71,6 +72,10 @@ MATERIALISED = frozenset({"Pad", "Resize"})
 # their definition (an identity) would remain.
 CHECKING = frozenset({"CheckIndices"})
 
+# Operators the executor runs as host steps, not kernels (a Loop calls its compiled body
+# from Python): nothing is fused into them.
+ON_HOST = frozenset({"Loop"})
+
 
 def is_view(op: Operator) -> bool:
     # A view whose symbolic sizes need a run-time check runs as a copying kernel, since
@@ -81,7 +86,7 @@ def is_view(op: Operator) -> bool:
 def is_injective(op: Operator) -> bool:
     """One output, computed element by element without reductions. An operator bringing
     its own kernel (``OpDef.kernel``) is not: its definition does not say how."""
-    if is_view(op) or len(op.definition) != 1 or op.op_type in CHECKING \
+    if is_view(op) or len(op.definition) != 1 or op.op_type in CHECKING | ON_HOST \
             or op.opdef.kernel is not None:
         return False
     return not any(c.is_reduction for c in reachable(op.definition).values())
@@ -212,7 +217,7 @@ class _Partitioner:
 
     # ---- epilogues -----------------------------------------------------------------------
     def _grow_epilogues(self, group: Group) -> None:
-        if len(group.anchor.outputs) != 1:
+        if len(group.anchor.outputs) != 1 or group.anchor.op_type in ON_HOST:
             return
         produced = {id(group.anchor.outputs[0])}
         frontier = [group.anchor.outputs[0]]
@@ -302,8 +307,9 @@ class _Partitioner:
         if len(readers) != 1:
             return
         target = readers.pop()
-        if target.is_view or any(self._depends_on(t, target) for op in group.ops
-                                 for t in op.inputs if t is not None):
+        if target.is_view or target.anchor.op_type in ON_HOST or any(
+                self._depends_on(t, target) for op in group.ops for t in op.inputs
+                if t is not None):
             return
         target.prologues[:0] = group.ops
         for op in group.ops:

@@ -46,6 +46,12 @@ class CudaExecutable(Executable):
     def __init__(self, slots: Sequence[Slot], inputs: Sequence[int], outputs: Sequence[int],
                  constants, steps: Sequence[Step], arch: str):
         super().__init__(slots, inputs, outputs, constants, steps, runner=None)
+        host = next((s for s in self.steps if s.host is not None), None)
+        if host is not None:
+            raise UnsupportedOpError(
+                f"node {host.name!r}: a Loop counted at run time calls its body from the "
+                "host once per iteration, which the CUDA target does not do yet; compile "
+                "the model for the CPU")
         if self.found:
             slot = self.slots[next(iter(self.found.values()))]
             raise UnsupportedOpError(

@@ -11,7 +11,10 @@ calling thread has an arena of its own, kept between its calls, so a compiled mo
 be called from several threads.
 
 The kernels run in one call of the step runner (``runtime.step_runner``) where it is given;
-``profile`` and kernels the runner cannot call go through ctypes one step at a time.
+``profile`` and kernels the runner cannot call go through ctypes one step at a time, as do
+models with sizes found in the data, and models with host steps: Python functions over
+arrays (a Loop calling its compiled body), whose results, and the tensors sized by how
+many times a loop ran, which no bound limits, are arrays of their own outside the arena.
 """
 from __future__ import annotations
 
@@ -44,20 +47,32 @@ class Slot:
     dtype: DataType
     shape: tuple[Dim, ...]
     # An int64 scalar a kernel writes the value of a size symbol into (how many elements
-    # NonZero found), at most ``bound``, an expression of the inputs' sizes.
+    # NonZero found), at most ``bound``, an expression of the inputs' sizes; no bound
+    # limits how many times a Loop runs.
     holds: Optional[Var] = None
     bound: Optional[Expr] = None
 
 
+# A step run by Python: the arrays of its arguments -> new arrays for its outputs.
+HostFunction = Callable[[list[np.ndarray]], list[np.ndarray]]
+
+
 @dataclass(frozen=True)
 class Step:
-    """``kernel`` over ``args`` (slot ids; negative -k-1 means workspace k of this step), or
-    with ``kernel`` None, ``outputs[0]`` as a view of ``args[0]``."""
+    """``kernel`` over ``args`` (slot ids; negative -k-1 means workspace k of this step);
+    or ``host`` over the arrays of ``args``, its results new arrays, outside the arena (a
+    Loop calling its compiled body); or with neither, ``outputs[0]`` as a view of
+    ``args[0]``."""
     name: str
     kernel: Optional[CompiledFunction]
     args: tuple[int, ...]
     outputs: tuple[int, ...]
     workspaces: tuple[Slot, ...] = ()
+    host: Optional[HostFunction] = None
+
+    @property
+    def is_view(self) -> bool:
+        return self.kernel is None and self.host is None
 
 
 @dataclass
@@ -76,6 +91,23 @@ class _Plan:
     filled: tuple[int, np.ndarray] | None = None
 
 
+@dataclass
+class _Call:
+    """A call whose steps run one at a time from Python: its plan and arena, the arrays
+    of the graph's inputs and outputs, the sizes bound so far, where each tensor written
+    outside the arena lies, and the arrays holding them for the call."""
+    plan: _Plan
+    base: int
+    values: dict[int, np.ndarray]
+    symbols: dict[Var, int]
+    address: dict[int, int]
+    held: list[np.ndarray] = field(default_factory=list)
+
+
+def _mentions(shape: Sequence[Dim], symbols: set[Var]) -> bool:
+    return any(isinstance(d, Expr) and free_vars(d) & symbols for d in shape)
+
+
 def _size_bytes(dtype: DataType, shape: Sequence[int]) -> int:
     return int(np.prod(shape, dtype=np.int64)) * dtype.numpy.itemsize
 
@@ -91,13 +123,23 @@ class Executable:
         self.outputs = tuple(outputs)
         self.constants = {slot: _aligned(array) for slot, array in constants.items()}
         self.steps = tuple(steps)
+        self._returned = set(self.outputs)
         # Symbols whose values kernels find in the data, by the slot holding each.
         self.found = {s.holds: k for k, s in enumerate(self.slots) if s.holds is not None}
         self.symbols = sorted({v for s in self.slots for d in s.shape if isinstance(d, Expr)
                                for v in free_vars(d)} - set(self.found), key=lambda v: v.name)
         self._data_shaped = {k for k, s in enumerate(self.slots)
-                             if any(isinstance(d, Expr) and free_vars(d) & set(self.found)
-                                    for d in s.shape)}
+                             if _mentions(s.shape, set(self.found))}
+        # A size no bound limits (how many times a Loop ran) is planned for by no plan:
+        # the tensors it sizes, and those a host step returns, are arrays of their own,
+        # made as they are written.
+        unbounded = {v for v, k in self.found.items() if self.slots[k].bound is None}
+        self._unplanned = {k for k in self._data_shaped
+                           if _mentions(self.slots[k].shape, unbounded)}
+        self._loose = self._unplanned | {o for s in steps if s.host for o in s.outputs}
+        self._loose_workspaces = {(index, k) for index, step in enumerate(steps)
+                                  for k, w in enumerate(step.workspaces)
+                                  if _mentions(w.shape, unbounded)}
         self._plans: OrderedDict[tuple, _Plan] = OrderedDict()  # least recently used first
         self._bound: dict[tuple, dict[Var, int]] = {}  # input shapes -> their symbols' values
         self._lock = threading.Lock()
@@ -110,7 +152,7 @@ class Executable:
         self.runner = runner
         # The runner runs every step in one call: sizes found in the data need a stop
         # after the kernel finding each, so such models run their steps from Python.
-        self._table = None if runner is None or self.found else \
+        self._table = None if runner is None or self.found or self._loose else \
             _RunnerTable.of(self, load_runner(runner))
         # Inputs of constant shapes (most models) are checked by one comparison each.
         shapes = [self.slots[i].shape for i in self.inputs]
@@ -129,16 +171,17 @@ class Executable:
         return self._run(self._arguments(args, named))
 
     def profile(self, *args, **named) -> list[tuple[str, float]]:
-        """Runs once and returns (step name, seconds) for every kernel step, in order."""
+        """Runs once and returns (step name, seconds) for every kernel or host step, in
+        order."""
         times: list[tuple[str, float]] = []
         self._run(self._arguments(args, named),
                   lambda step, seconds, written: times.append((step.name, seconds)))
         return times
 
     def trace(self, *args, **named) -> list[tuple[Step, dict[int, np.ndarray]]]:
-        """Runs once and returns, for every kernel step in order, a copy of each tensor it
-        wrote (by slot) as it was right after the step: a later step may reuse the
-        memory. Checking a model against a reference walks these."""
+        """Runs once and returns, for every kernel or host step in order, a copy of each
+        tensor it wrote (by slot) as it was right after the step: a later step may reuse
+        the memory. Checking a model against a reference walks these."""
         steps: list[tuple[Step, dict[int, np.ndarray]]] = []
         self._run(self._arguments(args, named), lambda step, seconds, written: steps.append(
             (step, {s: a.copy() for s, a in written.items()})))
@@ -155,9 +198,17 @@ class Executable:
             ready.update(step.outputs)
         return found
 
+    def output_shapes(self, *args) -> list[tuple[int, ...]]:
+        """The outputs' shapes for these inputs, without running; an output that a size
+        found in the data sizes has its shape at the size's bound."""
+        symbols = self._bind(self._arguments(args, {}))
+        symbols = {**symbols, **self._bounds(symbols)}
+        return [evaluate_shape(self.slots[s].shape, symbols) for s in self.outputs]
+
     def _run(self, arrays: list[np.ndarray], watch: Optional[Callable] = None
              ) -> list[np.ndarray]:
-        """``watch(step, seconds, {slot: array})``, if given, sees each kernel step run."""
+        """``watch(step, seconds, {slot: array})``, if given, sees each kernel or host step
+        run."""
         symbols = self._bind(arrays)
         try:
             return self._run_bound(arrays, symbols, watch)
@@ -170,57 +221,112 @@ class Executable:
         base = self._arena(plan.arena_bytes)
         values: dict[int, np.ndarray] = dict(zip(self.inputs, arrays))
         for slot in self.outputs:
-            if slot not in values and slot not in self.constants:
+            if slot not in values and slot not in self.constants and slot not in self._loose:
                 values[slot] = np.empty(plan.shapes[slot], self.slots[slot].dtype.numpy)
         if watch is None and self._table is not None:
             self._table.run(plan, base, values, symbols)
             return [self._owned(s, values) for s in self.outputs]
         # A size found in the data stands at its bound until its kernel has run.
         symbols = {**symbols, **self._bounds(symbols)} if self.found else symbols
+        call = _Call(plan, base, values, symbols, dict(self._constant_addresses))
         # Kernels take addresses: those of arrays, or the arena's base plus the planned
         # offset; a view's address is its source's, so no array is made for either.
-        address = dict(self._constant_addresses)
-        address.update((slot, array.ctypes.data) for slot, array in values.items())
+        call.address.update((slot, array.ctypes.data) for slot, array in values.items())
         for index, step in enumerate(self.steps):
-            if step.kernel is None:
-                source, out = step.args[0], step.outputs[0]
-                pointer = address[source] if source in address else base + plan.offsets[source]
-                if out in values:  # a graph output: the caller's array gets a copy
-                    self._written(out, values, plan, symbols)[...] = self._array(
-                        pointer, source, plan, symbols).reshape(self._shape(out, plan, symbols))
-                else:
-                    address[out] = pointer
-                continue
-            pointers = [address[a] if a in address else
-                        base + plan.offsets[a if a >= 0 else (index, -a - 1)] for a in step.args]
-            scalars = [symbols[v] for v in self._step_symbols[index]]
-            begin = time.perf_counter()
-            step.kernel.call_unchecked(pointers + scalars)
-            if self.found:
-                self._read_found(step, pointers, symbols)
-            if watch is not None:
-                seconds = time.perf_counter() - begin
-                watch(step, seconds, {s: self._array(pointers[step.args.index(s)], s, plan,
-                                                     symbols) for s in step.outputs})
-        return [self._written(s, values, plan, symbols).copy() if s in self._data_shaped
+            if step.is_view:
+                self._view(step, call)
+            elif step.host is not None:
+                self._run_host(step, call, watch)
+            else:
+                self._run_kernel(index, step, call, watch)
+        return [self._written(s, values, plan, call.symbols).copy() if s in self._data_shaped
                 else self._owned(s, values) for s in self.outputs]
+
+    def _view(self, step: Step, call: _Call) -> None:
+        source, out = step.args[0], step.outputs[0]
+        pointer = self._pointer(call, -1, source)
+        if out not in self._returned:
+            call.address[out] = pointer
+            return
+        if out not in call.values:  # a graph output outside any plan
+            self._fresh(call, out, self.slots[out])
+        # A graph output: the caller's array gets a copy.
+        self._written(out, call.values, call.plan, call.symbols)[...] = self._array(
+            pointer, source, call.plan, call.symbols).reshape(
+            self._shape(out, call.plan, call.symbols))
+
+    def _run_kernel(self, index: int, step: Step, call: _Call,
+                    watch: Optional[Callable]) -> None:
+        pointers = [self._pointer(call, index, a) for a in step.args]
+        scalars = [call.symbols[v] for v in self._step_symbols[index]]
+        begin = time.perf_counter()
+        step.kernel.call_unchecked(pointers + scalars)
+        if self.found:
+            self._read_found(step, dict(zip(step.args, pointers)), call.symbols)
+        if watch is not None:
+            seconds = time.perf_counter() - begin
+            watch(step, seconds, {s: self._array(pointers[step.args.index(s)], s, call.plan,
+                                                 call.symbols) for s in step.outputs})
+
+    def _run_host(self, step: Step, call: _Call, watch: Optional[Callable]) -> None:
+        """A host step over arrays of its arguments; its results are kept for the call."""
+        arrays = [self._array(self._pointer(call, -1, a), a, call.plan, call.symbols)
+                  for a in step.args]
+        begin = time.perf_counter()
+        results = step.host(arrays)
+        seconds = time.perf_counter() - begin
+        for slot, array in zip(step.outputs, results):
+            if slot in self._returned:
+                call.values[slot] = array
+            else:
+                call.held.append(array)
+            call.address[slot] = data_address(array)
+        self._read_found(step, {s: call.address[s] for s in step.outputs}, call.symbols)
+        if watch is not None:
+            watch(step, seconds, dict(zip(step.outputs, results)))
+
+    def _pointer(self, call: _Call, index: int, arg: int) -> int:
+        """Where argument ``arg`` of step ``index`` lies in this call."""
+        if arg in call.address:
+            return call.address[arg]
+        key = arg if arg >= 0 else (index, -arg - 1)
+        if arg in self._loose or key in self._loose_workspaces:
+            return self._fresh(call, key, self.slots[arg] if arg >= 0
+                               else self.steps[index].workspaces[-arg - 1])
+        return call.base + call.plan.offsets[key]
+
+    def _fresh(self, call: _Call, key: object, slot: Slot) -> int:
+        """The address of a new array for a tensor (or workspace) outside the plan, at
+        this call's sizes."""
+        array = np.empty(evaluate_shape(slot.shape, call.symbols), slot.dtype.numpy)
+        if key in self._returned:
+            call.values[key] = array
+        else:
+            call.held.append(array)
+        if isinstance(key, int):
+            call.address[key] = data_address(array)
+        return array.ctypes.data
 
     def _bounds(self, symbols: Mapping[Var, int]) -> dict[Var, int]:
         """The bound of each size found in the data, at the inputs' sizes: what memory
         is planned for."""
         bounds: dict[Var, int] = {}
         for var, slot in self.found.items():  # in graph order: a bound may use earlier ones
-            bounds[var] = int(evaluate(self.slots[slot].bound, {**symbols, **bounds}))
+            if self.slots[slot].bound is not None:
+                bounds[var] = int(evaluate(self.slots[slot].bound, {**symbols, **bounds}))
         return bounds
 
-    def _read_found(self, step: Step, pointers: Sequence[int], symbols: dict[Var, int]) -> None:
-        """Binds the sizes ``step`` has found in the data, checked against their bounds."""
+    def _read_found(self, step: Step, pointers: Mapping[int, int],
+                    symbols: dict[Var, int]) -> None:
+        """Binds the sizes ``step`` has found in the data (``pointers``: the address of
+        each slot it wrote), checked against their bounds."""
         for slot in step.outputs:
             var = self.slots[slot].holds
             if var is None:
                 continue
-            value = ctypes.c_int64.from_address(pointers[step.args.index(slot)]).value
-            bound = int(evaluate(self.slots[slot].bound, symbols))
+            value = ctypes.c_int64.from_address(pointers[slot]).value
+            limit = self.slots[slot].bound
+            bound = value if limit is None else int(evaluate(limit, symbols))
             if not 0 <= value <= bound:
                 raise KernelError(f"step {step.name}: found {value} elements for "
                                   f"{var.name}, outside 0..{bound}")
@@ -357,7 +463,8 @@ class Executable:
         return plan
 
     def _make_plan(self, symbols: dict[Var, int]) -> _Plan:
-        shapes = {i: evaluate_shape(s.shape, symbols) for i, s in enumerate(self.slots)}
+        shapes = {i: evaluate_shape(s.shape, symbols) for i, s in enumerate(self.slots)
+                  if i not in self._unplanned}
         for i, shape in shapes.items():
             if any(d < 0 for d in shape):
                 raise ShapeError(f"tensor {self.slots[i].name!r} would have negative shape "
@@ -371,7 +478,7 @@ class Executable:
 
     def _lifetimes(self, shapes, symbols) -> list[tuple[object, int, int, int]]:
         """(key, first step, last step, bytes) of everything that lives in the arena."""
-        external = set(self.inputs) | set(self.constants) | set(self.outputs)
+        external = set(self.inputs) | set(self.constants) | set(self.outputs) | self._loose
         first: dict[int, int] = {}
         last: dict[int, int] = {}
         root: dict[int, int] = {}
@@ -381,14 +488,15 @@ class Executable:
                 if a >= 0:
                     last[root.get(a, a)] = index
             for out in step.outputs:
-                if step.kernel is None:
+                if step.is_view:
                     root[out] = root.get(step.args[0], step.args[0])
                 else:
                     first.setdefault(out, index)
                     last.setdefault(out, index)
             for k, w in enumerate(step.workspaces):
-                workspaces.append(((index, k), index, index,
-                                   _size_bytes(w.dtype, evaluate_shape(w.shape, symbols))))
+                if (index, k) not in self._loose_workspaces:
+                    workspaces.append(((index, k), index, index, _size_bytes(
+                        w.dtype, evaluate_shape(w.shape, symbols))))
         arena = [(s, first[s], last[s], _size_bytes(self.slots[s].dtype, shapes[s]))
                  for s in first if s not in external]
         return arena + workspaces

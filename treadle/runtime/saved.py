@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional, Union
 
 import numpy as np
 
-from treadle.errors import ModelError
+from treadle.errors import ModelError, UnsupportedOpError
 from treadle.ir import dtypes
 from treadle.ir.dtypes import DataType
 from treadle.ir.expr import (Binary, Broadcast, Buffer, Call, Cast, Const, Load, Select, Unary,
@@ -88,6 +88,7 @@ VECTOR_NAME = re.compile(r"(\w+?)x(\d+)")  # a vector dtype's name: float32x8
 
 def to_data(program: Program) -> tuple[dict, dict[str, np.ndarray]]:
     """``program`` as JSON-ready data and its constants as arrays named by slot."""
+    _check_no_host_steps(program)
     encoder = _Encoder()
     fields = {name: encoder.value(getattr(program, name)) for name in DATA_FIELDS}
     data = {"format": FORMAT, "version": VERSION, "nodes": encoder.nodes, **fields}
@@ -113,6 +114,19 @@ def from_data(data, arrays: Mapping[str, np.ndarray], data_file: str = "the prog
     _check_indices(program, data_file)
     _check_constants(program, arrays_file)
     return program
+
+
+def _check_no_host_steps(program: Program) -> None:
+    """A size found in the data that no bound limits is how many times a Loop ran: the
+    Loop's step calls its compiled body from Python, which a saved program, data and
+    shared objects alone, cannot hold."""
+    for k, slot in enumerate(program.slots):
+        if slot.holds is not None and slot.bound is None:
+            node = next((s.name for s in program.steps if k in s.outputs), slot.name)
+            raise UnsupportedOpError(f"node {node!r} (Loop) runs its body, compiled as a model "
+                                     "of its own, once per iteration from Python, which a "
+                                     "saved model cannot hold yet; compile the model where "
+                                     "it runs")
 
 
 class _Encoder:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+import struct
 from dataclasses import replace
 
 import numpy as np
@@ -19,6 +20,7 @@ from treadle.ir.expr import (Binary, Unary, broadcast, call, cast, const, eq, lo
                              maximum, minimum, ne, select)
 from treadle.ir.functor import evaluate
 from treadle.ir.mapping import spatial
+from treadle.ir.primitives import PRIMITIVES
 from treadle.backend.cpu import build
 from treadle.runtime.interpret import interpret
 from treadle.runtime.module import load
@@ -695,3 +697,40 @@ def test_float_min_max_propagate_nan_on_avx2_and_avx512(monkeypatch, flags):
     finally:
         monkeypatch.undo()
         cpu.host.cache_clear()
+
+
+# ---- integer word products ------------------------------------------------------------
+
+def _lane_product(acc: int, a: int, b: int, bits: int) -> int:
+    """One lane of a word product from Python integers: a's parts unsigned bytes (8) or
+    signed halves (16), b's signed, the sum wrapped to int32."""
+    count = 32 // bits
+    unpack = {8: ("<4B", "<4b"), 16: ("<2h", "<2h")}[bits]
+    mine = struct.unpack(unpack[0], struct.pack("<i", a))
+    theirs = struct.unpack(unpack[1], struct.pack("<i", b))
+    total = acc + sum(x * y for x, y in zip(mine[:count], theirs[:count]))
+    return (total + 2 ** 31) % 2 ** 32 - 2 ** 31
+
+
+@pytest.mark.parametrize("name, bits", [("dot_u8s8", 8), ("dot_s16", 16)])
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_word_products_match_python_integers(name, bits, lanes):
+    """The intrinsics (vpdpbusd, vpmaddwd + add) and the interpreter's numpy meaning, at
+    the types' limits, against the products of Python integers."""
+    target = host()
+    if name == "dot_u8s8" and not target.int8_dot(lanes) or \
+            lanes * 4 > target.widest_simd_bytes or \
+            (name == "dot_s16" and lanes == 16 and "avx512bw" not in target.features):
+        pytest.skip(f"this CPU has no {name} on {lanes} lanes")
+    with FunctionBuilder(f"{name}{lanes}") as fb:
+        a, b, acc = (fb.param(n, "int32", [lanes]) for n in ("a", "b", "acc"))
+        acc[0] = call(name, acc.vload(0, lanes), a.vload(0, lanes), b.vload(0, lanes))
+    gen = np.random.default_rng(lanes)
+    words = [gen.integers(-2 ** 31, 2 ** 31, lanes).astype(np.int32) for _ in range(2)]
+    words[0][:3] = [-1, -2 ** 31, 0x7F80017F]
+    words[1][:3] = [-1, 0x7F7F7F7F, -2 ** 31]
+    total = gen.integers(-2 ** 31, 2 ** 31, lanes).astype(np.int32)
+    expected = [_lane_product(int(c), int(x), int(y), bits) for c, x, y in zip(total, *words)]
+    np.testing.assert_array_equal(PRIMITIVES[name].numpy(total, *words), expected)
+    getattr(_compile(fb.function), f"{name}{lanes}")(*words, total)
+    np.testing.assert_array_equal(total, expected)

@@ -34,11 +34,14 @@ from treadle.errors import CompileError
 # Every flag generated code is compiled with; the ISA flags (-mavx2 -mfma) come from the
 # target. No -ffast-math: kernels keep IEEE semantics (NaN, inf, signed zeros); standard
 # excess precision, so that a cast to _Float16 rounds (ir.passes.widen_half relies on it).
+# Floating-point exception flags are nobody's to read, so no trapping math: with it gcc
+# kept a clamp followed by a conversion to an integer (every QuantizeLinear) as branches,
+# and a quantised ResNet-50's epilogues ran scalar.
 # No loop becomes a memcpy or memset: a tile's rows are short, and gcc expanded a copy of a
 # run-time length (a row of a packed panel whose length is a symbol) into `rep movsb`,
 # whose start-up made attention's P V at T = 17 run 1.6-2x slower.
 BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno",
-              "-fexcess-precision=standard", "-fno-tree-loop-distribute-patterns",
+              "-fno-trapping-math", "-fexcess-precision=standard", "-fno-tree-loop-distribute-patterns",
               "-Werror=implicit-function-declaration")
 
 T = TypeVar("T")

@@ -71,6 +71,48 @@ def _fma(p: CpuPrinter, e: Call):
     return p.call(intrinsic, *(p.text_as(a, e.dtype) for a in e.args))
 
 
+def _dot_u8s8(p: CpuPrinter, e: Call):
+    """VNNI's byte dot product: vpdpbusd on vectors of 16 or 8 int32 lanes."""
+    target = host()
+    if not (e.dtype.scalar == dtypes.int32 and e.dtype.lanes in (8, 16)
+            and target.int8_dot(e.dtype.lanes)):
+        raise IRError(f"{e}: dot_u8s8 of {e.dtype} needs AVX-512 VNNI (or AVX-VNNI for 8 "
+                      f"lanes); this CPU has {', '.join(target.features)}")
+    if e.dtype.lanes == 16:
+        intrinsic = "_mm512_dpbusd_epi32"
+    else:
+        intrinsic = "_mm256_dpbusd_epi32" if "avx512_vnni" in target.features \
+            else "_mm256_dpbusd_avx_epi32"
+    return _integer_vector_call(p, e, intrinsic)
+
+
+def _dot_s16(p: CpuPrinter, e: Call):
+    """Products of 16-bit pairs summed into int32 lanes: vpmaddwd, then an add."""
+    bits = e.dtype.lanes * 32
+    if not (e.dtype.scalar == dtypes.int32 and bits in (256, 512)) \
+            or (bits == 512 and "avx512bw" not in host().features):
+        raise IRError(f"{e}: dot_s16 of {e.dtype} needs 256-bit vectors, or AVX-512BW for "
+                      "512-bit ones")
+    width = "512" if bits == 512 else "256"
+    acc, a, b = (_as_integer_vector(p, x, width) for x in e.args)
+    p.prelude.include(INTRINSICS)
+    text = f"_mm{width}_add_epi32({acc}, _mm{width}_madd_epi16({a}, {b}))"
+    return f"(({p.type(e.dtype)}){text})", PRIMARY
+
+
+def _integer_vector_call(p: CpuPrinter, e: Call, intrinsic: str):
+    """An integer intrinsic of __m256i / __m512i operands, its result as e's vector type
+    (GCC's vector types of int32 and the intrinsics' of long long convert only by cast)."""
+    width = "512" if e.dtype.nbytes == 64 else "256"
+    p.prelude.include(INTRINSICS)
+    args = [_as_integer_vector(p, x, width) for x in e.args]
+    return f"(({p.type(e.dtype)}){intrinsic}({', '.join(args)}))", PRIMARY
+
+
+def _as_integer_vector(p: CpuPrinter, e: Expr, width: str) -> str:
+    return f"(__m{width}i)({p.text_as(e, e.dtype)})"
+
+
 def _prefetch(p: CpuPrinter, e: Call):
     """Fetches the cache line of a load's element into L2 (prefetcht1): the schedules
     prefetch a step or a panel ahead, and a line brought into L1 that early evicts the
@@ -262,7 +304,8 @@ def _vectorize(p: CpuPrinter, s: For) -> None:
 
 
 class CpuPrinter(CPrinter):
-    CALL_PRINTERS = {**CALL_PRINTERS, "fma": _fma, "prefetch": _prefetch}
+    CALL_PRINTERS = {**CALL_PRINTERS, "fma": _fma, "prefetch": _prefetch,
+                     "dot_u8s8": _dot_u8s8, "dot_s16": _dot_s16}
     STMT_PRINTERS = {**STMT_PRINTERS, Accumulate: _accumulate}
     LOOP_PRINTERS = {**LOOP_PRINTERS, "vectorize": _vectorize, "parallel": _parallel_for}
     PREAMBLE = THREADS

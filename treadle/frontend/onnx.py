@@ -35,7 +35,7 @@ from treadle.errors import ModelError, NeedsValueError, UnsupportedOpError
 from treadle.frontend import control_flow, functions
 from treadle.graph.graph import Graph
 from treadle.graph.operator import REGISTRY, apply
-from treadle.graph.ops import selection, unique
+from treadle.graph.ops import quantized, selection, unique
 from treadle.graph.ops.common import ONNX_DTYPES
 from treadle.graph.ops.shape import constant_value
 from treadle.graph.tensor import Tensor, constant
@@ -53,6 +53,8 @@ EXPANDED: dict[str, Callable] = {
         selection.compress(inputs[0], inputs[1], attrs.get("axis"), name, out)],
     "Unique": lambda inputs, attrs, name, out: unique.unique(
         inputs[0], attrs.get("axis"), bool(attrs.get("sorted", 1)), name, out),
+    "QLinearMatMul": quantized.qlinear_matmul,
+    "QLinearConv": quantized.qlinear_conv,
 }
 IMPORTED_DIRECTLY = {"Constant", *EXPANDED}
 # Nodes whose subgraphs are imported in place (``control_flow``).

@@ -1,8 +1,9 @@
 """The graph pass pipeline, dumped step by step under TREADLE_DUMP (graph/NN_<pass>.txt).
 
 Order: canonical forms first (Gemm becomes MatMul with a constant transposed weight,
-BatchNorm folds into convolution weights) and recurrent layers' input projections move
-out of their loops over time, then constant folding computes those new constants;
+BatchNorm folds into convolution weights), quantised products become products of raw
+bytes (before folding dequantises their weights) and recurrent layers' input projections
+move out of their loops over time, then constant folding computes those new constants;
 pointwise convolutions of enlarged images move before the enlarging (on the folded
 weights) and those of a dense layer's tokens fold into it, then dead-code
 elimination drops what folding and moving made unused; the channels-last layout, so that
@@ -24,10 +25,11 @@ from treadle.graph.passes.eliminate_dead_code import eliminate_dead_code
 from treadle.graph.passes.fold_constants import Run, fold_constants
 from treadle.graph.passes.fold_linear import fold_linear
 from treadle.graph.passes.hoist_input_projection import hoist_input_projection
+from treadle.graph.passes.integer_products import integer_products
 from treadle.graph.passes.resize_conv import resize_conv
 from treadle.graph.passes.winograd import winograd
 
-PIPELINE = (canonicalize, hoist_input_projection, fold_constants, resize_conv, fold_linear,
+PIPELINE = (canonicalize, integer_products, hoist_input_projection, fold_constants, resize_conv, fold_linear,
             eliminate_dead_code, channels_last)
 # Target kind -> its pipeline: Winograd convolutions exist on the CPU only (a template of
 # its own there).

@@ -36,6 +36,24 @@ def _erf(x):
     return np.vectorize(erf, otypes=[np.asarray(x).dtype])(x)
 
 
+def _dot_u8s8(acc, a, b):
+    """acc plus, in each int32 lane, the products of its four bytes: a's unsigned, b's
+    signed (VNNI's vpdpbusd, wrapping as it does)."""
+    acc, a, b = (np.asarray(v, np.int32) for v in (acc, a, b))
+    products = (a[..., None].view(np.uint8).astype(np.int64)
+                * b[..., None].view(np.int8).astype(np.int64))
+    return (acc + products.reshape(*acc.shape, 4).sum(-1)).astype(np.int32)
+
+
+def _dot_s16(acc, a, b):
+    """acc plus, in each int32 lane, the products of its two signed 16-bit halves
+    (vpmaddwd, then an add)."""
+    acc, a, b = (np.asarray(v, np.int32) for v in (acc, a, b))
+    products = (a[..., None].view(np.int16).astype(np.int64)
+                * b[..., None].view(np.int16).astype(np.int64))
+    return (acc + products.reshape(*acc.shape, 2).sum(-1)).astype(np.int32)
+
+
 def _warp_only(*args):
     raise UnsupportedOpError("shfl_xor exchanges values between the threads of a GPU warp; "
                              "it runs on CUDA and in the CUDA simulator only")
@@ -67,6 +85,9 @@ PRIMITIVES = {p.name: p for p in (
     # a - trunc(a / b) * b in floating point loses it once a / b passes the mantissa.
     Primitive("fmod", 2, np.fmod),
     Primitive("fma", 3, lambda a, b, c: a * b + c),
+    # Integer products of packed lanes (see _dot_u8s8, _dot_s16): acc, a, b of int32 type.
+    Primitive("dot_u8s8", 3, _dot_u8s8),
+    Primitive("dot_s16", 3, _dot_s16),
     Primitive("reduce_add", 1, lambda v: np.sum(v, dtype=v.dtype), "scalar"),
     Primitive("reduce_max", 1, np.max, "scalar"),
     Primitive("reduce_min", 1, np.min, "scalar"),

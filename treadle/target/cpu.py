@@ -19,9 +19,13 @@ if TYPE_CHECKING:
 # ISA extensions treadle emits code for, where the machine has them. Schedules count
 # vectors of 256 bits (AVX2 + FMA) everywhere; AVX-512VL adds 16 registers for them, room
 # for larger register tiles, and AVX-512F lets a register tile hold 16 floats of a row in
-# one 512-bit register. Kernels are built on the machine that runs them (a saved model
-# records the features it was built for and refuses to load without them).
-SUPPORTED_FEATURES = ("avx2", "fma", "avx512f", "avx512vl")
+# one 512-bit register. AVX-512BW and the VNNI extensions serve integer products (see
+# int8_dot). Kernels are built on the machine that runs them (a saved model records the
+# features it was built for and refuses to load without them).
+SUPPORTED_FEATURES = ("avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512_vnni",
+                      "avx_vnni")
+# The compiler's name of a feature where /proc/cpuinfo spells it otherwise.
+COMPILER_FEATURES = {"avx512_vnni": "avx512vnni", "avx_vnni": "avxvnni"}
 EXTRA_REGISTERS_FEATURE = "avx512vl"
 WIDE_VECTORS_FEATURE = "avx512f"
 DEFAULT_CACHES = {1: 32 * 1024, 2: 512 * 1024, 3: 8 * 1024 * 1024}
@@ -62,7 +66,15 @@ class CpuTarget:
 
     @property
     def compiler_flags(self) -> tuple[str, ...]:
-        return tuple(f"-m{f}" for f in self.features)
+        return tuple(f"-m{COMPILER_FEATURES.get(f, f)}" for f in self.features)
+
+    def int8_dot(self, lanes: int) -> bool:
+        """Whether vectors of ``lanes`` int32 accumulate four byte products per lane in
+        one instruction (VNNI's vpdpbusd); without it an integer product multiplies pairs
+        of 16-bit halves (vpmaddwd)."""
+        if lanes * 4 == 64:
+            return "avx512_vnni" in self.features
+        return "avx_vnni" in self.features or {"avx512_vnni", "avx512vl"} <= set(self.features)
 
     def memory(self) -> MemoryHierarchy:
         """The host's probed hierarchy (``target.memory``); another CPU's defaults."""

@@ -438,6 +438,17 @@ def matmul(ctx: OpContext):
     result drops; leading dimensions broadcast."""
     a, b = ctx.input(0), ctx.input(1)
     dtype = same_dtype(ctx, a, b)
+    acc = accumulator(dtype)
+    product = matmul_product(ctx, a, b, lambda x, index: cast(x[index], acc))
+    return [_finish(ctx, product, dtype)]
+
+
+# A factor's value at an index of its operand (a widening cast, a zero point subtracted).
+Factor = Callable[[Buffer, tuple], Expr]
+
+
+def matmul_product(ctx: OpContext, a: Buffer, b: Buffer, factor: Factor) -> Compute:
+    """numpy.matmul's sum over K of factor(a, index) * factor(b, index)."""
     if a.rank == 0 or b.rank == 0:
         raise ctx.error("operands must have rank 1 or more")
     k = _same_size(ctx, a.shape[-1], b.shape[0] if b.rank == 1 else b.shape[-2],
@@ -445,14 +456,14 @@ def matmul(ctx: OpContext):
     batch = broadcast_shape(ctx, a.shape[:-2], b.shape[:-2])
     rows, cols = a.rank > 1, b.rank > 1
     shape = [*batch, *([a.shape[-2]] if rows else []), *([b.shape[-1]] if cols else [])]
-    acc, nb = accumulator(dtype), len(batch)
+    nb = len(batch)
 
     def element(*idx):
         out, r = idx[:-1], idx[-1]
-        left = a[(*broadcast_index(a.shape[:-2], out[:nb], batch), out[nb], r)] if rows else a[r]
-        right = b[(*broadcast_index(b.shape[:-2], out[:nb], batch), r, out[-1])] if cols else b[r]
-        return cast(left, acc) * cast(right, acc)
-    return [_finish(ctx, reduce("matmul", shape, [k], element), dtype)]
+        left = (*broadcast_index(a.shape[:-2], out[:nb], batch), out[nb], r) if rows else (r,)
+        right = (*broadcast_index(b.shape[:-2], out[:nb], batch), r, out[-1]) if cols else (r,)
+        return factor(a, left) * factor(b, right)
+    return reduce("matmul", shape, [k], element)
 
 
 @register("Gemm")
@@ -664,6 +675,21 @@ def _conv(ctx: OpContext, layout: Layout):
     reads contiguous channels)."""
     x, w = _spatial_input(ctx), ctx.input(1)
     dtype = same_dtype(ctx, x, w)
+    acc = accumulator(dtype)
+    product = conv_product(ctx, layout, x, w, lambda v: cast(v, acc),
+                           lambda v, oc: cast(v, acc), _c(0, dtype))
+    if not ctx.has_input(2):
+        return [_finish(ctx, product, dtype)]
+    m = layout.split(product.shape)[1]
+    bias = _per_channel(ctx, 2, as_expr(m))
+    return [_finish(ctx, product, dtype, lambda i, v: v + cast(bias[layout.split(i)[1]], acc))]
+
+
+def conv_product(ctx: OpContext, layout: Layout, x: Buffer, w: Buffer,
+                 x_factor: Callable[[Expr], Expr], w_factor: Callable[[Expr, Expr], Expr],
+                 fill: Expr) -> Compute:
+    """The sum over each window of x_factor(input) * w_factor(weight, output channel),
+    an input outside the image read as ``fill``."""
     nsp = x.rank - 2
     fixed = _weight_shape(ctx, x, w)
     if layout.channels_last:
@@ -674,23 +700,18 @@ def _conv(ctx: OpContext, layout: Layout):
     batch, channels, sizes = layout.split(x.shape)
     _same_size(ctx, channels, group_channels * group,
                f"input channels must be group ({group}) x weight channels ({group_channels})")
-    win = _window(ctx, sizes, kernel)
-    acc, per_group = accumulator(dtype), m // group
+    win, per_group = _window(ctx, sizes, kernel), m // group
 
     def element(*idx):
         n, oc, out = layout.split(idx[:nsp + 2])
         window = idx[nsp + 2:]
         taps, c = (window[:-1], window[-1]) if layout.channels_last else (window[1:], window[0])
         channel = c if group == 1 else oc // per_group * group_channels + c
-        value = win.load(x, layout, n, channel, win.positions(out, taps), _c(0, dtype))
+        value = win.load(x, layout, n, channel, win.positions(out, taps), fill)
         weight = w[(*taps, c, oc)] if layout.channels_last else w[(oc, c, *taps)]
-        return cast(value, acc) * cast(weight, acc)
+        return x_factor(value) * w_factor(weight, oc)
     taps = [*kernel, group_channels] if layout.channels_last else [group_channels, *kernel]
-    product = reduce("conv", layout.join(batch, m, win.out), taps, element)
-    if not ctx.has_input(2):
-        return [_finish(ctx, product, dtype)]
-    bias = _per_channel(ctx, 2, as_expr(m))
-    return [_finish(ctx, product, dtype, lambda i, v: v + cast(bias[layout.split(i)[1]], acc))]
+    return reduce("conv", layout.join(batch, m, win.out), taps, element)
 
 
 @dataclass(frozen=True)

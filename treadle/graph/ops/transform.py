@@ -469,8 +469,13 @@ def _check_pad_extents(ctx: OpContext, mode: str, padded: list[int], kept: list[
 
 
 def _pad_value(ctx: OpContext, dtype) -> Expr:
+    """The fill, a constant where the input is one (so that a kernel storing the padded
+    tensor fills its border itself, see graph.partition.padding_of)."""
     if not ctx.has_input(2):
         return Const(0, dtype)
+    known = ctx.data(2)
+    if known is not None and known.size == 1 and dtype != dtypes.bfloat16:  # held as bits
+        return Const(known.reshape(()).astype(dtype.numpy).item(), dtype)
     value = ctx.input(2)
     return cast(value[(0,) * value.rank], dtype)
 

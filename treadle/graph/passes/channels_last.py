@@ -35,7 +35,8 @@ from treadle.graph.rewrite import rewrite_graph
 from treadle.graph.tensor import Dim, Tensor, constant
 from treadle.schedule.templates.thresholds import MIN_GEMM_COLUMNS, VECTOR_ELEMENTS
 
-LAYERS = ("Conv", "MaxPool", "AveragePool")
+LAYERS = ("Conv", "ConvInteger", "MaxPool", "AveragePool")
+CONVOLUTIONS = ("Conv", "ConvInteger")
 GLOBAL_POOLS = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}
 NORMS = {"InstanceNormalization": "ChannelsLastInstanceNormalization",
          "GroupNormalization": "ChannelsLastGroupNormalization"}
@@ -51,7 +52,7 @@ def _rule(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
         return [_layer(node, inputs)]
     if node.op_type == "Transpose":
         return _compose(node, inputs[0])
-    if node.op_type in ELEMENTWISE and len(node.outputs) == 1:
+    if node.op_type in ELEMENTWISE and len(node.outputs) == 1 or _per_tensor_quantize(node):
         return _sink_elementwise(node, inputs)
     if node.op_type == "Pad":
         return _sink_pad(node, inputs)
@@ -105,7 +106,7 @@ def _layer(node: Operator, inputs: list) -> Tensor:
     x, rest = inputs[0], list(inputs[1:])
     if _grouped(node, inputs):
         return _grouped_layer(node, x, rest)
-    if node.op_type == "Conv":
+    if node.op_type in CONVOLUTIONS:
         rest[0] = _kernel_major(rest[0], node.name)
     last = _transpose(x, to_last(x.rank), f"{node.name}/to_nhwc")
     y = apply(f"ChannelsLast{node.op_type}", [last, *rest], node.attrs, node.name)[0]
@@ -244,6 +245,13 @@ def _sink_elementwise(node: Operator, inputs: list) -> Optional[Sequence[Tensor]
             return None
     y = apply(node.op_type, operands, node.attrs, node.name)[0]
     return [_transpose(y, perm, f"{node.name}/sunk")]
+
+
+def _per_tensor_quantize(node: Operator) -> bool:
+    """A QuantizeLinear or DequantizeLinear of one scale and zero point for the whole
+    tensor, element-wise as any map (a quantised model's activations between layers)."""
+    return node.op_type in ("QuantizeLinear", "DequantizeLinear") \
+        and all(t is None or _order_free(t) for t in node.inputs[1:])
 
 
 def _order_free(t: Tensor) -> bool:

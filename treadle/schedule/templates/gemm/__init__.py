@@ -49,7 +49,7 @@ class GemmTemplate:
     def match(self, op: Operator) -> GemmPattern | None:
         if len(op.definition) != 1:
             return None
-        pattern = match_gemm_output(op.definition[0])
+        pattern = match_gemm_output(op.definition[0], integer=True)
         if pattern is not None and pattern.n_axes and not _wide_enough(pattern):
             if sliding_window(op.definition[0]):
                 return None

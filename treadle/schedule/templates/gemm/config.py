@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from treadle.errors import ScheduleConfigError
 from treadle.target.cpu import CpuTarget
 
-ELEMENT_BYTES = 4  # float32, the only dtype the GEMM template serves
+ELEMENT_BYTES = 4  # float32, or the int32 words of an integer product (see words.py)
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,11 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from treadle.ir.builder import FunctionBuilder
-from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Expr, ceil_div, select
 from treadle.ir.functor import substitute
 from treadle.ir.mapping import repeat, unravel
 from treadle.schedule.templates.gemm.micro_kernel import Slice
-from treadle.schedule.templates.gemm.pattern import (f32, interleaved_batch, static_max,
-                                                     static_min)
+from treadle.schedule.templates.gemm.pattern import interleaved_batch, static_max, static_min
 from treadle.schedule.templates.gemm.resolve import ResolvedGemm, k_row, left_row, panel_rows
 
 class MacroTile:
@@ -106,7 +104,7 @@ def whole_left_buffer(gemm: ResolvedGemm) -> Buffer:
     block_m / micro_m, micro_m, block_k + a line] (see resolve._one_row_of_tiles, left_row)."""
     cfg = gemm.cfg
     blocks = ceil_div(gemm.size("k"), cfg.block_k)
-    return Buffer("a_all", float32, (blocks, cfg.block_m // cfg.micro_m, cfg.micro_m,
+    return Buffer("a_all", gemm.pattern.accumulator, (blocks, cfg.block_m // cfg.micro_m, cfg.micro_m,
                                      left_row(cfg)))
 
 
@@ -130,12 +128,14 @@ def pack_left(fb: FunctionBuilder, gemm: ResolvedGemm, tile: MacroTile, block: K
     repeat it (their sums are never stored), so a ragged micro-panel is packed like a
     whole one."""
     cfg, mr = gemm.cfg, gemm.cfg.micro_m
-    a_pack = into or fb.buffer("a_pack", float32, [cfg.block_m // mr, mr, left_row(cfg)])
+    a_pack = into or fb.buffer("a_pack", gemm.pattern.accumulator,
+                               [cfg.block_m // mr, mr, left_row(cfg)])
     for p in fb.range(ceil_div(tile.rows, mr), name="p"):
         for r in fb.range(mr, name="r"):
             m = gemm.coords(fb, "m", tile.row0 + static_min(p * mr + r, tile.rows - 1))
             for kk, k in k_walk(fb, gemm, block):
-                a_pack[p, r, kk] = f32(substitute(gemm.pattern.left, {**tile.batch, **m, **k}))
+                a_pack[p, r, kk] = gemm.pattern.element(
+                    substitute(gemm.pattern.left, {**tile.batch, **m, **k}))
     return a_pack
 
 
@@ -157,12 +157,14 @@ def pack_right(fb: FunctionBuilder, gemm: ResolvedGemm, tile: MacroTile, block: 
     times over, and a 7x7x512 convolution spent a third of its time in those stores."""
     cfg, nr = gemm.cfg, gemm.cfg.micro_n
     panels = 1 if ragged_only else cfg.block_n // nr
-    b_pack = fb.buffer("b_pack", float32, [panels, panel_rows(cfg), nr])
+    dtype = gemm.pattern.accumulator
+    b_pack = fb.buffer("b_pack", dtype, [panels, panel_rows(cfg), nr])
+    zero = 0.0 if dtype.is_float else 0
 
     def fill_row(p, slot, kk, k: dict, checked: bool) -> None:
         for (col,) in repeat(nr).on(0):
-            value = f32(_right_at(gemm, tile, p * nr + col, k))
-            b_pack[slot, kk, col] = (select(p * nr + col < tile.cols, value, 0.0)
+            value = gemm.pattern.element(_right_at(gemm, tile, p * nr + col, k))
+            b_pack[slot, kk, col] = (select(p * nr + col < tile.cols, value, zero)
                                      if checked else value)
 
     if not ragged_only:

@@ -10,15 +10,18 @@ addressing happens where panels are packed and no im2col buffer exists.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Collection, Sequence
+from typing import TYPE_CHECKING, Collection, Sequence
 
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, producer_of, reachable
-from treadle.ir.dtypes import float32
-from treadle.ir.expr import Binary, Buffer, Cast, Const, Expr, Load, Var, maximum, minimum
+from treadle.ir.dtypes import DataType, float32, int8, int32, uint8
+from treadle.ir.expr import Binary, Buffer, Cast, Const, Expr, Load, Var, cast, maximum, minimum
 from treadle.ir.functor import free_vars, rewrite, substitute, walk
 from treadle.ir.tabulate import tabulable
 from treadle.schedule.rules import Inliner
+
+if TYPE_CHECKING:
+    from treadle.schedule.templates.gemm.words import Words
 
 ROLES = ("batch", "m", "n", "k")
 
@@ -41,6 +44,8 @@ class GemmPattern:
     # conditions on symbolic sizes, which the kernel asserts before any work.
     inputs: tuple[Buffer | None, ...] = ()
     checks: tuple[tuple[Expr, str], ...] = ()
+    # For an integer product, how its factors are packed into words along K (see words.py).
+    words: Words | None = None
 
     def axes(self, role: str) -> tuple[Var, ...]:
         return {"batch": self.batch_axes, "m": self.m_axes, "n": self.n_axes,
@@ -50,6 +55,15 @@ class GemmPattern:
     def output(self) -> Compute:
         return self.epilogue or self.compute
 
+    @property
+    def accumulator(self) -> DataType:
+        """The type products are summed in: float32, or int32 for 8-bit factors."""
+        return self.compute.dtype
+
+    def element(self, e: Expr) -> Expr:
+        """A factor's value as the accumulator's type."""
+        return cast(e, self.accumulator)
+
     def store_value(self, acc: Expr, index: tuple) -> Expr:
         if self.epilogue is None:
             return acc
@@ -58,14 +72,18 @@ class GemmPattern:
                        and n.buffer == self.compute.buffer else None)
 
 
-def match_gemm(c: Compute) -> GemmPattern | None:
-    """The GEMM roles of a float32 ``sum(left * right)`` compute, or None."""
-    if c.reduce_op != "sum" or c.dtype != float32:
+def match_gemm(c: Compute, integer: bool = False) -> GemmPattern | None:
+    """The GEMM roles of a float32 ``sum(left * right)`` compute, or None; with
+    ``integer``, also of an int32 sum of products of 8-bit factors."""
+    if c.reduce_op != "sum" or c.dtype not in ((float32, int32) if integer else (float32,)):
         return None
     value = c.value
     if not (isinstance(value, Binary) and value.op == "*"):
         return None
     left, right = value.a, value.b
+    if c.dtype == int32 and not (byte_factor(left) is not None
+                                 and byte_factor(right) is not None):
+        return None
     used_left, used_right = free_vars(left), free_vars(right)
     if not (_loads_only_inputs(left) and _loads_only_inputs(right)):
         return None
@@ -77,10 +95,11 @@ def match_gemm(c: Compute) -> GemmPattern | None:
     return GemmPattern(c, left, right, batch, m, n)
 
 
-def match_gemm_output(out: Compute) -> GemmPattern | None:
-    """A GEMM for ``out`` itself, or for the one product ``out`` maps element-wise."""
+def match_gemm_output(out: Compute, integer: bool = False) -> GemmPattern | None:
+    """A GEMM for ``out`` itself, or for the one product ``out`` maps element-wise (see
+    match_gemm for ``integer``)."""
     if out.is_reduction:
-        return match_gemm(out)
+        return match_gemm(out, integer)
     value = Inliner(reachable([out]))(out.value)
     products = {n.buffer for n in walk(value) if isinstance(n, Load)
                 and producer_of(n.buffer) is not None}
@@ -90,7 +109,7 @@ def match_gemm_output(out: Compute) -> GemmPattern | None:
     loads = [n for n in walk(value) if isinstance(n, Load) and n.buffer == product.buffer]
     if product.shape != out.shape or any(n.indices != out.axes for n in loads):
         return None
-    pattern = match_gemm(product)
+    pattern = match_gemm(product, integer)
     if pattern is None:
         return None
     epilogue = Compute(out.buffer, out.axes, value)
@@ -179,6 +198,13 @@ def interleaved_batch(pattern: GemmPattern) -> bool:
     loads = [n for n in walk(left_value(pattern)) if isinstance(n, Load)]
     return bool(pattern.batch_axes) and any(
         free_vars(n.indices[-1]) & set(pattern.batch_axes) for n in loads if n.indices)
+
+
+def byte_factor(e: Expr) -> Expr | None:
+    """The 8-bit value an int32 factor widens, or None."""
+    if isinstance(e, Cast) and e.dtype == int32 and e.value.dtype in (uint8, int8):
+        return e.value
+    return None
 
 
 def f32(e: Expr) -> Expr:

@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from treadle.ir.builder import FunctionBuilder
-from treadle.ir.dtypes import float32
 from treadle.ir.expr import Buffer, Expr, Load, call, ceil_div, eq
 from treadle.ir.functor import substitute
 from treadle.ir.mapping import spatial, unravel
@@ -31,7 +30,7 @@ from treadle.schedule.templates.gemm.micro_kernel import Slice, register_tile, s
 from treadle.schedule.templates.gemm.packing import (MacroTile, k_block, k_walk, pack_left,
                                                      pack_right, pack_whole_left,
                                                      whole_left_buffer)
-from treadle.schedule.templates.gemm.pattern import (declare_parameters, f32, right_row,
+from treadle.schedule.templates.gemm.pattern import (declare_parameters, right_row,
                                                      static_max, static_min)
 from treadle.schedule.templates.gemm.resolve import ResolvedGemm, worker_groups
 
@@ -59,7 +58,7 @@ def _whole_k(fb: FunctionBuilder, gemm: ResolvedGemm, out: Buffer, left: Buffer 
         pack_whole_left(fb, gemm, left)
     for t in fb.range(gemm.num_tiles, kind="parallel", name="tile"):
         tile = MacroTile(fb, gemm, t)
-        acc = fb.buffer("acc", float32, [cfg.block_m, cfg.block_n])
+        acc = fb.buffer("acc", gemm.pattern.accumulator, [cfg.block_m, cfg.block_n])
         _accumulate(fb, gemm, tile, acc, (), 0, gemm.size("k"), left,
                     lambda rows, p: _store_rows(fb, gemm, out, tile, rows, p))
 
@@ -92,7 +91,8 @@ def _store_rows(fb: FunctionBuilder, gemm: ResolvedGemm, out: Buffer, tile: Macr
 def _split_k(fb: FunctionBuilder, gemm: ResolvedGemm, out: Buffer) -> None:
     cfg, tiles = gemm.cfg, gemm.num_tiles
     groups, parts = worker_groups(cfg, gemm.threads), cfg.split_k
-    partials = fb.buffer("partials", float32, [groups * parts, cfg.block_m, cfg.block_n],
+    dtype = gemm.pattern.accumulator
+    partials = fb.buffer("partials", dtype, [groups * parts, cfg.block_m, cfg.block_n],
                          scope="shared")
     K = gemm.size("k")
     k_part = ceil_div(K, parts)
@@ -111,7 +111,7 @@ def _split_k(fb: FunctionBuilder, gemm: ResolvedGemm, out: Buffer) -> None:
                     with fb.if_(i < tile.rows):
                         m = gemm.coords(fb, "m", tile.row0 + i)
                         for j in fb.range(tile.cols, name="j"):
-                            total = fb.scalar("total", float32, 0.0)
+                            total = fb.scalar("total", dtype, 0.0 if dtype.is_float else 0)
                             for p in fb.range(parts, name="p"):
                                 total[()] = total[()] + partials[g * parts + p, i, j]
                             _store(fb, gemm, out, tile, m, j, total[()])
@@ -142,7 +142,8 @@ def _accumulate(fb: FunctionBuilder, gemm: ResolvedGemm, tile: MacroTile, acc: B
     mr, nr = cfg.micro_m, cfg.micro_n
     left_in_place, right_in_place = gemm.in_place
     blocks = static_max(ceil_div(k_len, cfg.block_k), 1)
-    rows = None if finish is None else fb.buffer("rows", float32, [mr, cfg.block_n])
+    rows = None if finish is None else fb.buffer("rows", gemm.pattern.accumulator,
+                                                 [mr, cfg.block_n])
     for kb in fb.range(blocks, name="kb"):
         block = k_block(fb, gemm, kb, k_begin, k_len)
         if left is not None:
@@ -213,7 +214,7 @@ class _Operands:
         # Rows past the edge repeat the last row; their sums are never stored.
         row = static_min(self.tile.row0 + p * mr + r, gemm.size("m") - 1)
         m = dict(zip(gemm.pattern.m_axes, unravel(row, gemm.extents["m"])))
-        return f32(substitute(gemm.pattern.left, {**self.tile.batch, **m, **k}))
+        return gemm.pattern.element(substitute(gemm.pattern.left, {**self.tile.batch, **m, **k}))
 
     def _right(self, q, kk, k: dict, v) -> Expr:
         lanes = self.gemm.lanes

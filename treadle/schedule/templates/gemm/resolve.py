@@ -21,15 +21,17 @@ from typing import Mapping, Sequence
 from treadle.errors import ScheduleConfigError
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, compute
+from treadle.ir.dtypes import int32
 from treadle.ir.expr import Load, Var, ceil_div, maximum, minimum
 from treadle.ir.functor import substitute, walk
 from treadle.ir.mapping import unravel
 from treadle.schedule.templates.gemm.config import (ELEMENT_BYTES, GemmConfig, check_config,
                                                     registers_needed)
 from treadle.schedule.templates.gemm.micro_kernel import RegisterTile
-from treadle.schedule.templates.gemm.pattern import (ROLES, GemmPattern, f32, plain_left,
+from treadle.schedule.templates.gemm.pattern import (ROLES, GemmPattern, plain_left,
                                                      product, right_row, role_extents,
                                                      round_up, static)
+from treadle.schedule.templates.gemm.words import in_words, words_for
 from treadle.schedule.tiling import known
 from treadle.target.cpu import CpuTarget
 
@@ -65,7 +67,9 @@ class ResolvedGemm:
 
     @property
     def register_tile(self) -> RegisterTile:
-        return RegisterTile(self.cfg.micro_m, self.cfg.micro_n, self.lanes)
+        words = self.pattern.words
+        return RegisterTile(self.cfg.micro_m, self.cfg.micro_n, self.lanes,
+                            "fma" if words is None else words.multiply_add)
 
     def size(self, role: str):
         return product(self.extents[role])
@@ -98,7 +102,8 @@ class ResolvedGemm:
         1x1 convolution is no such window: EfficientNet's projections, whose input a
         squeeze-and-excitation gate scales in a prologue fused later, ran slower in place."""
         n = product(self.extents["n"])
-        return (self.cached_left and window_taps(self.extents["k"]) and isinstance(n, int)
+        return (self.cached_left and self.pattern.words is None
+                and window_taps(self.extents["k"]) and isinstance(n, int)
                 and self.cfg.block_n >= n and n <= WINDOW_PANELS * self.cfg.micro_n)
 
     @property
@@ -165,6 +170,8 @@ def _fitted(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget, env: Mappi
     """The clamp, stream and balance chain, on the sizes the symbols take in ``env`` in
     the sizes of ``roles`` (a symbol missing from it leaves its sizes untouched)."""
     check_config(cfg, target)
+    if pattern.accumulator == int32 and pattern.words is None:
+        pattern = in_words(pattern, words_for(pattern, register_lanes(cfg, target), target))
     threads = target.cores
     extents = role_extents(pattern)
     sizes = {r: known(product(extents[r]), env) if r in roles else product(extents[r])
@@ -460,5 +467,5 @@ def panel_layout(pattern: GemmPattern, nr: int) -> Compute:
         n = unravel(minimum(q * nr + r, N - 1), extents["n"])
         coords = {**dict(zip(pattern.n_axes, n)),
                   **dict(zip(c.reduce_axes, unravel(k, extents["k"])))}
-        return f32(substitute(pattern.right, coords))
+        return pattern.element(substitute(pattern.right, coords))
     return compute("panels", [ceil_div(N, nr), K, nr], element)

@@ -1,5 +1,5 @@
-"""What the benchmarks share: the cached ONNX exports of the zoo, the error measure, and
-the comparison of single ONNX nodes with ONNX Runtime.
+"""What the benchmarks share: the cached ONNX exports of the zoo, the error measure, the
+machine's CPU and the comparison of single ONNX nodes with ONNX Runtime.
 
 An exported model is kept in bench/out/ and redone when treadle/models changes.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import pickle
+import platform
 import tempfile
 from pathlib import Path
 from typing import Mapping
@@ -22,6 +23,9 @@ from treadle.timing import interleaved_medians, load_note, onnxruntime_session
 OUT = Path(__file__).resolve().parent / "out"
 MODELS_SOURCE = Path(treadle.__file__).resolve().parent / "models"
 RELATIVE_TOLERANCE = 1e-3  # of relative_error, for an output to pass
+# The x86 instruction sets that decide which float and int8 kernels a runtime can use.
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8",
+             "amx_bf16")
 
 
 def exported(name: str, reduced: bool, dynamic_seq: bool = False, batch: int = 1,
@@ -45,6 +49,21 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     activations) make elementwise relative errors meaningless."""
     error = float(np.abs(got.astype(np.float64) - want).max())
     return error / (float(np.abs(want).max()) or 1.0)
+
+
+def cpu_note() -> str:
+    """The CPU's model name and which of ISA_FLAGS it has, from /proc/cpuinfo."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return f"CPU: {platform.processor() or platform.machine()} (no /proc/cpuinfo)"
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    has = [flag for flag in ISA_FLAGS if flag in flags]
+    lacks = [flag for flag in ISA_FLAGS if flag not in flags]
+    return (f"CPU: {fields.get('model name', platform.machine())}; "
+            f"ISA: {' '.join(has) or '-'}; without: {' '.join(lacks) or '-'}")
 
 
 def enter_treadle_settings(stack: contextlib.ExitStack, threads: int, warm_cache: bool) -> None:

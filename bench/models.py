@@ -1,10 +1,13 @@
-"""Whole-model latency: treadle against ONNX Runtime, PyTorch eager and torch.compile.
+"""Whole-model latency: treadle against ONNX Runtime, OpenVINO, PyTorch eager and
+torch.compile, in float32 or on int8 quantised models.
 
     python bench/models.py                      # the papers' seven benchmarks, tune 1 (long)
     python bench/models.py --models wider --tune 0   # the zoo beyond the papers' models
     python bench/models.py --models mobilenet_v2 --repeat 5 --tune 0
     python bench/models.py --reduced --repeat 3 # the CI-sized models, to check the script
     python bench/models.py --models bert gpt2 --no-compile --json bench/out/models.json
+    python bench/models.py --precision int8     # the seven benchmarks quantised to int8
+    python bench/models.py --precision int8 --models resnet50 bert --reduced --repeat 3
     python bench/models.py --subgraphs          # ResNet-50's Conv-BN-ReLU layers one by one
 
 (from the repository root with PYTHONPATH=., or with treadle installed)
@@ -12,19 +15,34 @@
 The papers' benchmarks are ResNet-50, Inception-V3, MobileNetV2, BERT-base and GPT-2 small
 (seq 128) at batch 1, and ResNet-50 at batch 4 and 8; ``wider`` adds the rest of the zoo at
 batch 1 (ResNeXt, RegNet, Res2Net, CSPDarknet, EfficientNet, MixNet, Candy, Segformer), all
-float32 with the zoo's random weights (treadle.models). Every system runs on ``--threads`` threads (2): treadle compiles the
-exported ONNX file with ``treadle.compile(path, tune=LEVEL)`` into a fresh kernel and
-tuning cache (``--warm-cache`` uses the user's), then compiles it again, which must be
-served from that cache; ONNX Runtime runs the same file with all graph optimizations (its
-default); PyTorch eager and torch.compile (inductor) run the torch module with the same
-weights under ``torch.inference_mode``.
+with the zoo's random weights (treadle.models). Every system runs on ``--threads`` threads
+(2): treadle compiles the exported ONNX file with ``treadle.compile(path, tune=LEVEL)``
+into a fresh kernel and tuning cache (``--warm-cache`` uses the user's), then compiles it
+again, which must be served from that cache; ONNX Runtime runs the same file with all
+graph optimizations (its default); OpenVINO, when installed (``pip install openvino``, or
+the ``bench`` extra), compiles it for its CPU plugin with the latency hint and float32
+inference precision (its default on CPUs with AMX or AVX-512 BF16 is bfloat16, and a QDQ
+file keeps its int8 convolutions under the float32 hint); PyTorch eager and torch.compile
+(inductor) run the torch module with the same weights under ``torch.inference_mode``. The
+run opens with the CPU's model and its SIMD and matrix extensions (AVX-512, VNNI, AMX),
+which decide the kernels each system can use.
+
+``--precision int8`` quantises each exported file with ONNX Runtime's tools
+(bench/quantize.py: the image models statically to QDQ with per-channel weights, on random
+calibration batches; BERT and GPT-2 dynamically) and times treadle, ONNX Runtime and
+OpenVINO on the quantised file against treadle on the float file ("treadle fp32"); there is
+no quantised torch module, so no PyTorch column. treadle's int8 outputs are compared with
+ONNX Runtime's: the largest absolute difference, the share of output elements within one
+quantisation step of a QDQ model's output (its DequantizeLinear's scale) or, for an output
+without one, within 1e-5 of the output's largest magnitude, and the relative error.
 
 Latencies are medians of at least ``--repeat`` timed calls after warm-up. The systems are
 interleaved in rounds (one untimed call, then a few timed ones per system) so that a
 change in the machine's load hits all of them alike, with an idle gap between systems,
 since ONNX Runtime's and OpenMP's worker threads spin for ~40 ms after a run. A speed-up
 is a baseline's time over treadle's (above 1: treadle is faster); the error is treadle's
-largest relative error against ONNX Runtime over all outputs (bench/common.py).
+largest relative error against ONNX Runtime over all outputs (bench/common.py), and a note
+gives OpenVINO's.
 
 ``--subgraphs`` times instead each distinct convolution of ResNet-50 (as in the Hidet
 paper's Figure 21) as a Conv2d-BatchNorm2d-ReLU model of its own, treadle against ONNX
@@ -43,14 +61,16 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 
 import treadle
-from common import RELATIVE_TOLERANCE, enter_treadle_settings, exported, relative_error
+from common import (RELATIVE_TOLERANCE, cpu_note, enter_treadle_settings, exported,
+                    relative_error)
+from quantize import output_steps, quantized
 from treadle.config import config
-from treadle.models import MODELS, build
+from treadle.models import MODELS, ModelSpec, build
 from treadle.models.export import OPSET
 from treadle.timing import interleaved_medians, load_note, onnxruntime_session
 
@@ -76,17 +96,36 @@ WIDER = ("resnext50", "regnet_y_800mf", "res2net50", "cspdarknet53", "efficientn
 BENCHMARKS.update({name: Benchmark(name, 1) for name in WIDER})
 PAPER = ("resnet50", "inception_v3", "mobilenet_v2", "bert", "gpt2", "resnet50_b4",
          "resnet50_b8")
-BASELINES = ("onnxruntime", "eager", "torch.compile")
+# The systems treadle is compared with, by precision, in the tables' column order.
+BASELINES = {"fp32": ("onnxruntime", "openvino", "eager", "torch.compile"),
+             "int8": ("onnxruntime", "openvino", "treadle fp32")}
+SHORT_NAMES = {"treadle": "treadle", "onnxruntime": "ORT", "openvino": "OpenVINO",
+               "eager": "eager", "torch.compile": "torch.compile",
+               "treadle fp32": "treadle fp32"}
+# In an int8 table, the systems that run the quantised file (the others run the float one).
+ON_INT8 = ("treadle", "onnxruntime", "openvino")
+AGREEMENT_SCALE = 1e-5  # of an output's largest magnitude, where it has no quantisation step
+OPENVINO_MISSING = "OpenVINO: n/a (not installed: pip install openvino)"
+
+
+@dataclass
+class Agreement:
+    """treadle's int8 outputs against ONNX Runtime's, over all output elements."""
+    max_abs_diff: float
+    within: float  # share of elements within their output's tolerance
+    tolerances: dict[str, float]  # by output: its quantisation step, else AGREEMENT_SCALE
 
 
 @dataclass
 class Result:
     label: str
     batch: int
+    precision: str
     ms: dict[str, Optional[float]]  # by system; None when the system could not run
     rel_error: float
     compile_s: float
     recompile_s: float
+    agreement: Optional[Agreement] = None  # int8 only
     notes: list[str] = field(default_factory=list)
 
     def speedup(self, baseline: str) -> Optional[float]:
@@ -118,6 +157,14 @@ def _cache_files() -> set[Path]:
     return {p.relative_to(root) for p in root.rglob("*") if p.is_file()}
 
 
+def failure_note(system: str, error: Exception) -> str:
+    """'<system>: n/a (<error>)', also printed, for a baseline that could not run."""
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    note = f"{system}: n/a ({type(error).__name__}: {reason[:200]})"
+    print(note, file=sys.stderr)
+    return note
+
+
 def torch_runs(module, inputs: dict[str, np.ndarray], use_compile: bool):
     """(name, callable) of PyTorch eager and, when it compiles, torch.compile; and a note
     saying why torch.compile is missing."""
@@ -136,10 +183,7 @@ def torch_runs(module, inputs: dict[str, np.ndarray], use_compile: bool):
     try:
         compiled()  # compiles
     except Exception as error:  # any failure of the compiler: report it and go on
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        note = f"torch.compile: n/a ({type(error).__name__}: {reason[:200]})"
-        print(note, file=sys.stderr)
-        return runs, note
+        return runs, failure_note("torch.compile", error)
     runs["torch.compile"] = compiled
     return runs, None
 
@@ -149,30 +193,107 @@ def first_outputs(outputs) -> np.ndarray:
     return (outputs[0] if isinstance(outputs, (tuple, list)) else outputs).numpy()
 
 
+def openvino_run(path: Path, inputs: dict[str, np.ndarray], threads: int):
+    """A callable running ``path`` in OpenVINO's CPU plugin, returning its outputs by name,
+    or None and a note saying why OpenVINO is missing. Inference precision is float32 for
+    the quantised files too: the default on CPUs with AMX or AVX-512 BF16 is bfloat16,
+    under which QDQ files fail to compile, and a QDQ file keeps its int8 convolutions."""
+    try:
+        import openvino
+    except ImportError:
+        return None, OPENVINO_MISSING
+    try:
+        model = openvino.Core().compile_model(path, "CPU", {
+            "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": str(threads),
+            "INFERENCE_PRECISION_HINT": "f32"})
+    except Exception as error:  # the plugin rejects a file: report it and go on
+        return None, failure_note("OpenVINO", error)
+    request = model.create_infer_request()
+
+    def run() -> dict[str, np.ndarray]:
+        results = request.infer(inputs)
+        return {port.get_any_name(): results[port] for port in model.outputs}
+    return run, None
+
+
+def output_error(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> float:
+    """The largest relative_error over the outputs of ``expected`` (ONNX Runtime's)."""
+    return max(relative_error(actual[name], want) for name, want in expected.items())
+
+
+def baseline_runs(path: Path, inputs: dict[str, np.ndarray], threads: int):
+    """ONNX Runtime's outputs on ``inputs`` by name (the reference); the callables of ONNX
+    Runtime and, when it runs, OpenVINO on ``path``; and a note with OpenVINO's error
+    against ONNX Runtime or why it is missing."""
+    session = onnxruntime_session(path, threads)
+    names = [o.name for o in session.get_outputs()]
+    expected = dict(zip(names, session.run(None, inputs)))
+    runs: dict[str, Callable[[], object]] = {"onnxruntime": lambda: session.run(None, inputs)}
+    openvino, note = openvino_run(path, inputs, threads)
+    if openvino is not None:
+        runs["openvino"] = openvino
+        note = (f"OpenVINO: max rel err {output_error(openvino(), expected):.1e} against "
+                f"ONNX Runtime")
+    return expected, runs, note
+
+
+def agreement(actual: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray],
+              steps: Mapping[str, float]) -> Agreement:
+    """How closely ``actual`` follows ``expected``: each output's elements count as
+    agreeing within one quantisation step (``steps``), or within AGREEMENT_SCALE of the
+    output's largest magnitude where it has none."""
+    tolerances, within, total, max_diff = {}, 0, 0, 0.0
+    for name, want in expected.items():
+        diff = np.abs(actual[name].astype(np.float64) - want)
+        tolerances[name] = steps.get(name, AGREEMENT_SCALE * float(np.abs(want).max()))
+        within += int(np.count_nonzero(diff <= tolerances[name]))
+        total += diff.size
+        max_diff = max(max_diff, float(diff.max(initial=0.0)))
+    return Agreement(max_diff, within / (total or 1), tolerances)
+
+
 # ---- whole models --------------------------------------------------------------------------
 
-def bench_model(label: str, bench: Benchmark, args) -> Result:
-    spec = exported(bench.model, args.reduced, batch=bench.batch)
+def bench_fp32(label: str, bench: Benchmark, spec: ModelSpec, args) -> Result:
     inputs = spec.random_inputs()
     compiled, compile_s, recompile_s, cache_note = compile_treadle(spec.path, args.tune)
-    session = onnxruntime_session(spec.path, args.threads)
-    expected = session.run(None, inputs)
-    actual = dict(zip(compiled.output_names, compiled(**inputs)))
-    rel_error = max(relative_error(actual[o.name], want)
-                    for o, want in zip(session.get_outputs(), expected))
+    expected, baselines, openvino_note = baseline_runs(spec.path, inputs, args.threads)
+    rel_error = output_error(dict(zip(compiled.output_names, compiled(**inputs))), expected)
     module = build(bench.model, reduced=args.reduced)
     torch_calls, compile_note = torch_runs(module, inputs, not args.no_compile)
-    eager_error = relative_error(first_outputs(torch_calls["eager"]()), expected[0])
+    eager_error = relative_error(first_outputs(torch_calls["eager"]()),
+                                 next(iter(expected.values())))
     if eager_error > RELATIVE_TOLERANCE:  # the torch module should have the file's weights
         print(f"warning: {label}: PyTorch eager differs from ONNX Runtime by {eager_error:.1e}",
               file=sys.stderr)
-    runs = {"treadle": lambda: compiled(**inputs),
-            "onnxruntime": lambda: session.run(None, inputs), **torch_calls}
-    seconds = interleaved_medians(runs, args.repeat)
-    ms = {name: seconds[name] * 1e3 if name in seconds else None
-          for name in ("treadle", *BASELINES)}
-    return Result(label, bench.batch, ms, rel_error, compile_s, recompile_s,
-                  [n for n in (cache_note, compile_note) if n])
+    runs = {"treadle": lambda: compiled(**inputs), **baselines, **torch_calls}
+    return Result(label, bench.batch, "fp32", timed(runs, "fp32", args.repeat), rel_error,
+                  compile_s, recompile_s,
+                  notes=[n for n in (cache_note, openvino_note, compile_note) if n])
+
+
+def bench_int8(label: str, bench: Benchmark, spec: ModelSpec, args) -> Result:
+    path = quantized(spec)
+    inputs = spec.random_inputs()
+    compiled, compile_s, recompile_s, cache_note = compile_treadle(path, args.tune)
+    float_model = treadle.compile(spec.path, tune=args.tune)
+    expected, baselines, openvino_note = baseline_runs(path, inputs, args.threads)
+    actual = dict(zip(compiled.output_names, compiled(**inputs)))
+    runs = {"treadle": lambda: compiled(**inputs), **baselines,
+            "treadle fp32": lambda: float_model(**inputs)}
+    return Result(label, bench.batch, "int8", timed(runs, "int8", args.repeat),
+                  output_error(actual, expected), compile_s, recompile_s,
+                  agreement(actual, expected, output_steps(path)),
+                  [n for n in (cache_note, openvino_note) if n])
+
+
+def timed(runs: dict[str, Callable[[], object]], precision: str,
+          repeat: int) -> dict[str, Optional[float]]:
+    """Milliseconds of every system of ``precision``'s table; None for those not in
+    ``runs``."""
+    seconds = interleaved_medians(runs, repeat)
+    return {name: seconds[name] * 1e3 if name in seconds else None
+            for name in ("treadle", *BASELINES[precision])}
 
 
 def _cell(value: Optional[float], form: str) -> str:
@@ -183,16 +304,28 @@ def _ratio(value: Optional[float]) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
 
-def model_table(results: list[Result]) -> str:
-    header = ["model", "batch", "treadle ms", "ORT ms", "eager ms", "torch.compile ms",
-              "vs ORT", "vs eager", "vs torch.compile", "max rel err", "compile+tune s",
+def _system_header(system: str, precision: str) -> str:
+    suffix = " int8" if precision == "int8" and system in ON_INT8 else ""
+    return f"{SHORT_NAMES[system]}{suffix} ms"
+
+
+def model_table(results: list[Result], precision: str) -> str:
+    baselines = BASELINES[precision]
+    checks = (["max abs diff", "share within tol (QDQ: 1 output step; else 1e-5 x max abs ref)",
+               "max rel err"] if precision == "int8" else ["max rel err"])
+    systems = ("treadle", *baselines)
+    header = ["model", "batch", *(_system_header(s, precision) for s in systems),
+              *(f"vs {SHORT_NAMES[s]}" for s in baselines), *checks, "compile+tune s",
               "2nd compile s"]
     lines = ["| " + " | ".join(header) + " |",
              "|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|"]
     for r in results:
-        cells = [r.label, str(r.batch), *(_cell(r.ms[s], ".2f") for s in ("treadle", *BASELINES)),
-                 *(_ratio(r.speedup(s)) for s in BASELINES),
-                 f"{r.rel_error:.1e}", f"{r.compile_s:.1f}", f"{r.recompile_s:.2f}"]
+        agree = ([f"{r.agreement.max_abs_diff:.1e}", f"{r.agreement.within:.4f}"]
+                 if r.agreement else [])
+        cells = [r.label, str(r.batch),
+                 *(_cell(r.ms[s], ".2f") for s in systems),
+                 *(_ratio(r.speedup(s)) for s in baselines),
+                 *agree, f"{r.rel_error:.1e}", f"{r.compile_s:.1f}", f"{r.recompile_s:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -204,21 +337,24 @@ def geomean(values: list[float]) -> float:
 def run_models(args) -> list[Result]:
     import torch
     torch.set_num_threads(args.threads)
+    bench = bench_int8 if args.precision == "int8" else bench_fp32
     results = []
     for label in args.models:
-        print(f"benchmarking {label} ...", file=sys.stderr, flush=True)
-        result = bench_model(label, BENCHMARKS[label], args)
+        print(f"benchmarking {label} ({args.precision}) ...", file=sys.stderr, flush=True)
+        benchmark = BENCHMARKS[label]
+        spec = exported(benchmark.model, args.reduced, batch=benchmark.batch)
+        result = bench(label, benchmark, spec, args)
         results.append(result)
-        print(f"\n### {label}\n\n{model_table([result])}")
+        print(f"\n### {label} ({args.precision})\n\n{model_table([result], args.precision)}")
         for note in result.notes:
             print(f"\n{note}")
         print(flush=True)
     if len(results) > 1:
-        print(f"### all models\n\n{model_table(results)}\n")
+        print(f"### all models ({args.precision})\n\n{model_table(results, args.precision)}\n")
     batch_one = [r.speedup("onnxruntime") for r in results if r.batch == 1]
     if batch_one:
-        print(f"geometric mean of treadle's speed-up over ONNX Runtime, {len(batch_one)} "
-              f"batch-1 model(s): {geomean(batch_one):.2f}x")
+        print(f"geometric mean of treadle's speed-up over ONNX Runtime ({args.precision}), "
+              f"{len(batch_one)} batch-1 model(s): {geomean(batch_one):.2f}x")
     return results
 
 
@@ -331,6 +467,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tune", type=int, default=1, choices=(0, 1, 2),
                         help="treadle's tuning level")
     parser.add_argument("--threads", type=int, default=2, help="threads of every system")
+    parser.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
+                        help="the float32 models, or int8 quantised ones (bench/quantize.py)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--subgraphs", action="store_true",
                         help="time ResNet-50's Conv-BN-ReLU sub-graphs instead of the models")
@@ -338,12 +476,16 @@ def main(argv=None) -> int:
                         help="compile into the user's kernel cache instead of a fresh one")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
+    if args.subgraphs and args.precision != "fp32":
+        parser.error("--subgraphs times float32 layers only")
     args.models = [m for name in args.models for m in (WIDER if name == "wider" else [name])]
     if args.repeat < 30:
         print(f"note: {args.repeat} timed calls per system (fewer than 30)", file=sys.stderr)
 
     cores = len(os.sched_getaffinity(0))
     print(load_note(cores), file=sys.stderr)
+    cpu = cpu_note()
+    print(cpu, flush=True)
     with contextlib.ExitStack() as stack:
         enter_treadle_settings(stack, args.threads, args.warm_cache)
         if args.subgraphs:
@@ -354,7 +496,8 @@ def main(argv=None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"tune": args.tune, "threads": args.threads,
-                                         "reduced": args.reduced, **results}, indent=1))
+                                         "reduced": args.reduced, "precision": args.precision,
+                                         "cpu": cpu, **results}, indent=1))
     return 0
 
 

@@ -62,17 +62,6 @@ def int8_peak() -> tuple[float, str]:
     return 2 * per_instruction * CHAINS * PROBE_STEPS * THREADS / seconds, name
 
 
-def integer_model(shape: Shape, b: np.ndarray):
-    from onnx import TensorProto, helper, numpy_helper
-    a = helper.make_tensor_value_info("a", TensorProto.UINT8, list(shape.a_shape()))
-    y = helper.make_tensor_value_info("y", TensorProto.INT32, None)
-    node = helper.make_node("MatMulInteger", ["a", "b"], ["y"], name="matmul")
-    graph = helper.make_graph([node], "matmul", [a], [y], [numpy_helper.from_array(b, "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    return model
-
-
 def bench_shape(shape: Shape, level: int, repeat: int) -> dict[str, float]:
     """GOP/s of each system on ``shape``."""
     import treadle
@@ -80,7 +69,7 @@ def bench_shape(shape: Shape, level: int, repeat: int) -> dict[str, float]:
     rng = np.random.default_rng(0)
     a = rng.integers(0, 256, shape.a_shape()).astype(np.uint8)
     b = rng.integers(-128, 128, shape.b_shape()).astype(np.int8)
-    model = integer_model(shape, b)
+    model = onnx_matmul(shape, b, "MatMulInteger", "UINT8", "INT32")
     compiled = treadle.compile(model, tune=level)
     session = onnxruntime_session(model.SerializeToString(), THREADS)
     expected = session.run(None, {"a": a})[0]

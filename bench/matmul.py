@@ -73,12 +73,14 @@ SHAPES = [
 ]
 
 
-def onnx_matmul(shape: Shape, b: np.ndarray):
+def onnx_matmul(shape: Shape, b: np.ndarray, op_type: str = "MatMul", a_type: str = "FLOAT",
+                y_type: str = "FLOAT"):
+    """A model of one product of input a by the constant b (types: TensorProto names)."""
     from onnx import TensorProto, helper, numpy_helper
-    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, list(shape.a_shape()))
+    a = helper.make_tensor_value_info("a", getattr(TensorProto, a_type), list(shape.a_shape()))
     out_shape = [*shape.a_shape()[:-1], shape.n]
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)
-    node = helper.make_node("MatMul", ["a", "b"], ["y"], name="matmul")
+    y = helper.make_tensor_value_info("y", getattr(TensorProto, y_type), out_shape)
+    node = helper.make_node(op_type, ["a", "b"], ["y"], name="matmul")
     graph = helper.make_graph([node], "matmul", [a], [y], [numpy_helper.from_array(b, "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9

@@ -34,9 +34,14 @@ def float_mlp(path) -> str:
              helper.make_node("Add", ["h", "b1"], ["hb"]),
              helper.make_node("Relu", ["hb"], ["r"]),
              helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    return _saved(nodes, ["M", K], weights, path)
+
+
+def _saved(nodes, x_shape, weights: dict, path) -> str:
+    """The float32 model of ``nodes`` from input x to output y, saved at ``path``."""
     graph = helper.make_graph(
-        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", K])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", N])],
+        nodes, "float", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -129,14 +134,7 @@ def float_cnn(path) -> str:
              helper.make_node("Relu", ["c2"], ["r2"]),
              helper.make_node("Conv", ["r2", "w3"], ["c3"], pads=pads, group=64),
              helper.make_node("Add", ["c3", "r2"], ["y"])]
-    graph = helper.make_graph(
-        nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return str(path)
+    return _saved(nodes, ["N", 3, "H", "W"], weights, path)
 
 
 class _Images(quantization.CalibrationDataReader):

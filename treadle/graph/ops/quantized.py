@@ -75,13 +75,10 @@ def _conv_zero(ctx: OpContext, i: int, x: Buffer, channels
                ) -> Optional[Callable[[tuple], Expr]]:
     """A convolution operand's zero point at (output channel,): one value, or with
     ``channels`` given, one per output channel; None where there is none."""
-    if not ctx.has_input(i):
+    z = _zero_input(ctx, i, x)
+    if z is None:
         return None
-    z = ctx.input(i)
-    if z.dtype != x.dtype:
-        raise ctx.error(f"input {i} (zero point) must have its operand's type {x.dtype}, "
-                        f"got {z.dtype}", DTypeError)
-    if z.rank == 0 or (z.rank == 1 and normalize_dim(z.shape[0]) == 1):
+    if _single(z):
         return lambda index: z[(as_expr(0),) * z.rank]
     if channels is None or z.rank != 1 or normalize_dim(z.shape[0]) != normalize_dim(channels):
         per = "" if channels is None else f" or {channels}, one per output channel"
@@ -90,18 +87,30 @@ def _conv_zero(ctx: OpContext, i: int, x: Buffer, channels
     return lambda index: z[index]
 
 
-def _zero_point(ctx: OpContext, i: int, x: Buffer, row: bool
-                ) -> Optional[Callable[[tuple], Expr]]:
-    """The zero point of operand ``x`` at one of its indices, as int32; None where there
-    is none."""
+def _zero_input(ctx: OpContext, i: int, x: Buffer) -> Optional[Buffer]:
+    """Input ``i``, the zero point of operand ``x``, which has x's type; None if absent."""
     if not ctx.has_input(i):
         return None
     z = ctx.input(i)
     if z.dtype != x.dtype:
         raise ctx.error(f"input {i} (zero point) must have its operand's type {x.dtype}, "
                         f"got {z.dtype}", DTypeError)
+    return z
+
+
+def _single(z: Buffer) -> bool:
+    return z.rank == 0 or (z.rank == 1 and normalize_dim(z.shape[0]) == 1)
+
+
+def _zero_point(ctx: OpContext, i: int, x: Buffer, row: bool
+                ) -> Optional[Callable[[tuple], Expr]]:
+    """The zero point of operand ``x`` at one of its indices, as int32; None where there
+    is none."""
+    z = _zero_input(ctx, i, x)
+    if z is None:
+        return None
     axis = -2 if row else -1
-    if z.rank == 0 or (z.rank == 1 and normalize_dim(z.shape[0]) == 1):
+    if _single(z):
         return lambda index: cast(z[(as_expr(0),) * z.rank], dtypes.int32)
     if z.rank == 1 and x.rank >= 2:
         if normalize_dim(z.shape[0]) != normalize_dim(x.shape[axis]):

@@ -118,3 +118,22 @@ def test_a_reshape_whose_target_shape_reads_the_group_is_no_epilogue():
     data = random_array([5, 6])
     (out,) = run_graph([(x, data)], [y])
     assert_close(out, -np.maximum(data, 0).reshape(5, 2, 3))
+
+
+def test_a_dequantisation_read_by_another_kernel_is_its_prologue():
+    """A quantised result dequantised for a later group's sum is stored as bytes, and the
+    reader dequantises it as it loads (a quantised ResNet's block outputs); numbers as
+    the graph defines them."""
+    x = ops.input("x", "float32", [5, 8])
+    scale, zero = ops.constant(np.float32(0.05)), ops.constant(np.int8(3))
+    first = ops.matmul(x, ops.constant(random_array([8, 8], seed=1)))
+    quantised = ops.op("QuantizeLinear", first, scale, zero)
+    later = ops.matmul(x, ops.constant(random_array([8, 8], seed=2)))
+    y = ops.add(later, ops.op("DequantizeLinear", quantised, scale, zero))
+    assert groups_of([y], [x]) == [("MatMul", [], ["QuantizeLinear"]),
+                                   ("MatMul", ["DequantizeLinear"], ["Add"])]
+    values = random_array([5, 8], seed=3)
+    w1, w2 = random_array([8, 8], seed=1), random_array([8, 8], seed=2)
+    q = np.clip(np.rint(values @ w1 / np.float32(0.05)) + 3, -128, 127)
+    expected = values @ w2 + (q - 3) * np.float32(0.05)
+    assert_close(run_graph([(x, values)], [y])[0], expected, reduction=8)

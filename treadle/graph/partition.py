@@ -197,6 +197,8 @@ class _Partitioner:
                     self.consumers[id(t)].append(op)
         self.graph_outputs = {id(t) for t in graph.outputs}
         self.group_of: dict[int, Group] = {}
+        # Dequantisations left to their reader to compute (see _drop_leaving_dequantized).
+        self.recomputed: set[int] = set()
 
     def run(self) -> list[Group]:
         groups = []
@@ -204,7 +206,7 @@ class _Partitioner:
             if id(op) not in self.group_of:
                 group = Group(op)
                 self.group_of[id(op)] = group
-                if not group.is_view:
+                if not group.is_view and id(op) not in self.recomputed:
                     self._grow_epilogues(group)
                 groups.append(group)
         for group in reversed(groups):
@@ -231,6 +233,7 @@ class _Partitioner:
                         produced.add(id(op.outputs[0]))
                         frontier.append(op.outputs[0])
         self._drop_trailing_views(group)
+        self._drop_leaving_dequantized(group)
 
     def _drop_trailing_views(self, group: Group) -> None:
         """A reshape no epilogue reads after it stays a free view, not a copy."""
@@ -243,6 +246,21 @@ class _Partitioner:
             for op in trailing:
                 group.epilogues.remove(op)
                 del self.group_of[id(op)]
+
+    def _drop_leaving_dequantized(self, group: Group) -> None:
+        """A DequantizeLinear of the group's 8-bit result whose float32 result only one
+        operator outside the group reads is left to that reader's kernel, as a prologue:
+        the group stores the bytes, not four times as many (a quantised ResNet's block
+        outputs, which the next block's residual sum reads)."""
+        members = {id(op) for op in group.ops}
+        for op in list(group.epilogues):
+            readers = self.consumers.get(id(op.outputs[0]), [])
+            if (op.op_type == "DequantizeLinear" and op.inputs[0].dtype.bits == 8
+                    and len(readers) == 1 and id(readers[0]) not in members
+                    and id(op.outputs[0]) not in self.graph_outputs):
+                group.epilogues.remove(op)
+                del self.group_of[id(op)]
+                self.recomputed.add(id(op))
 
     def _padding_fits(self, op: Operator, padding: Padding) -> bool:
         """Whether a padding joins its producer's kernel. A folded one (edge, reflect) only

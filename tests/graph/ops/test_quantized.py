@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 import treadle
 from tests.frontend.onnx_models import make_model, tensor
 from tests.harness import rng, run_onnxruntime
-from treadle.errors import DTypeError, ShapeError
+from treadle.errors import DTypeError, ModelError, ShapeError
 
 pytest.importorskip("onnxruntime")
 
@@ -182,3 +182,42 @@ def test_qlinear_matmul_and_conv_import_as_quantised_float_ops():
         assert got.dtype == want.dtype == np.uint8 and got.shape == want.shape
         assert np.abs(got.astype(int) - want.astype(int)).max() <= 1  # one step at most
         assert np.mean(got == want) >= 0.99
+
+
+def _quantize_model(scale, zero, x_shape=("N", 4), axis=1, op="QuantizeLinear",
+                    x_type=TensorProto.FLOAT):
+    node = helper.make_node(op, ["x", "s", "z"], ["y"], name="q", axis=axis)
+    return make_model([node], [tensor("x", list(x_shape), x_type)],
+                      [tensor("y", None, ELEM.get(zero.dtype.type, TensorProto.FLOAT))],
+                      {"s": scale, "z": zero}, opset=13)
+
+
+@pytest.mark.parametrize("scale", [0.0, np.nan, np.inf])
+@pytest.mark.parametrize("op, x_type", [("QuantizeLinear", TensorProto.FLOAT),
+                                        ("DequantizeLinear", TensorProto.UINT8)])
+def test_a_scale_of_zero_or_nan_names_the_node(scale, op, x_type):
+    model = _quantize_model(np.array([0.5, scale, 1, 1], np.float32), np.zeros(4, np.uint8),
+                            op=op, x_type=x_type)
+    with pytest.raises(ModelError, match="'q'.*not a finite non-zero"):
+        treadle.compile(model)
+
+
+def test_a_per_axis_scale_of_the_wrong_length_names_the_node():
+    model = _quantize_model(np.ones(3, np.float32), np.zeros(3, np.uint8))
+    with pytest.raises(ShapeError, match="'q'.*needs 4 values.*got 3"):
+        treadle.compile(model)
+
+
+@pytest.mark.parametrize("zero_type", [np.uint8, np.int8])
+def test_quantize_saturates_and_rounds_half_to_even_at_the_limits(zero_type):
+    """Halves round to the even neighbour; values past the type's range saturate to its
+    limits, infinities too: against ONNX Runtime, exactly."""
+    info = np.iinfo(zero_type)
+    model = _quantize_model(np.array([1, 0.5, 2, 0.25], np.float32),
+                            np.array([0, 1, info.min + 2, info.max - 2], zero_type))
+    x = np.array([[0.5, 1.5, 2.5, -0.5], [-1.5, 254.5, -255.5, 127.5],
+                  [1e9, -1e9, np.inf, -np.inf], [info.max + 0.5, info.min - 0.5, 3.5, -2.5]],
+                 np.float32)
+    got, want = treadle.compile(model)(x=x)[0], run_onnxruntime(model, {"x": x})[0]
+    assert got.dtype == want.dtype == zero_type
+    np.testing.assert_array_equal(got, want)

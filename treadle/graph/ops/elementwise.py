@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from treadle.errors import DTypeError
+from treadle.errors import DTypeError, ModelError
 from treadle.graph.operator import OpContext, register
 from treadle.graph.ops.common import (broadcast_load, broadcast_shape, normalize_axis,
                                       onnx_dtype, same_dtype)
@@ -361,6 +361,14 @@ def _scale_index(ctx: OpContext, x: Buffer, scale: Buffer) -> Callable[[tuple], 
     if not block:
         if scale.rank != 1:
             raise ctx.error(f"a per-axis scale must be 1-D, got rank {scale.rank}")
+        length, size = normalize_dim(scale.shape[0]), normalize_dim(x.shape[axis])
+        if isinstance(length, int) and isinstance(size, int):
+            if length != size:
+                raise ctx.error(f"a per-axis scale needs {size} values, one per index "
+                                f"along axis {axis}, got {length}")
+        else:
+            ctx.require(eq(as_expr(length), as_expr(size)),
+                        f"a per-axis scale has one value per index along axis {axis}")
         return lambda i: (i[axis],)
     if scale.rank != x.rank:
         raise ctx.error(f"a blocked scale must have x's rank {x.rank}, got {scale.rank}")
@@ -372,6 +380,7 @@ def quantize_linear(ctx: OpContext):
     """saturate(round(x / scale) + zero point), rounding half to even (C's rint), in the
     scale's precision unless ``precision`` names another."""
     x, scale = ctx.input(0), ctx.input(1)
+    _usable_scales(ctx)
     zero = ctx.input(2) if ctx.has_input(2) else None
     out = zero.dtype if zero is not None else onnx_dtype(ctx, ctx.attr("output_dtype") or 2)
     if out not in QUANTIZED:
@@ -389,10 +398,21 @@ def quantize_linear(ctx: OpContext):
     return [compute("y", x.shape, element)]
 
 
+def _usable_scales(ctx: OpContext) -> None:
+    """A constant scale must be finite and not zero: dividing by it gives no step."""
+    scale = ctx.data(1)
+    if scale is not None and scale.dtype != np.uint16:  # bfloat16 bits, not values
+        bad = ~np.isfinite(scale) | (scale == 0)
+        if bad.any():
+            raise ctx.error(f"scale {scale.reshape(-1)[np.argmax(bad.reshape(-1))]} is not a "
+                            "finite non-zero number", ModelError)
+
+
 @register("DequantizeLinear")
 def dequantize_linear(ctx: OpContext):
     """(x - zero point) * scale, in the output type: the scale's unless ``output_dtype``."""
     x, scale = ctx.input(0), ctx.input(1)
+    _usable_scales(ctx)
     zero = ctx.input(2) if ctx.has_input(2) else None
     if not x.dtype.is_integer:
         raise ctx.unsupported(f"dequantizing {x.dtype}")

@@ -11,6 +11,8 @@ import onnx
 import pytest
 from onnx import helper
 
+import treadle
+
 from tests.frontend.onnx_models import affine_model, make_model, tensor
 from treadle.cli import main
 
@@ -220,3 +222,9 @@ def test_python_dash_m_treadle_is_the_command(affine):
                              "--rtol", "-1"], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 2 and "usage: treadle check" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_version_is_the_package_version():
+    result = subprocess.run([sys.executable, "-m", "treadle", "--version"],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0 and result.stdout.strip() == f"treadle {treadle.__version__}"

@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from treadle import __version__
 from treadle.checker import ATOL, RTOL, TOLERANCES
 from treadle.errors import TreadleError
 from treadle.specialise import SpecialisingModel
@@ -50,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="treadle", description="A deep-learning compiler.")
+    parser.add_argument("--version", action="version", version=f"treadle {__version__}")
     commands = parser.add_subparsers(required=True, metavar="command")
     run = commands.add_parser("run", help="compile a model and run it")
     run.add_argument("model", help="an ONNX file")

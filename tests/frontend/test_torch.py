@@ -349,7 +349,7 @@ def test_weights_are_constants_not_inputs(monkeypatch, fresh_dynamo):
         torch.compile(model, backend="treadle")(x)
     (piece,) = pieces
     assert isinstance(piece, dynamo._Piece)
-    assert len(piece.tensor_positions) == 1  # x alone: the weights are baked in
+    assert len(piece.positions) == 1  # x alone: the weights are baked in
 
 
 def test_bfloat16_through_the_backend(fresh_dynamo):

@@ -593,16 +593,7 @@ def _bound(value) -> Dim:
     return INT64_MAX if value is None else value
 
 
-def _viewable(node: torch.fx.Node) -> bool:
-    """Whether a slice is claimed: not one with symbolic bounds (``x[:, :n - 1]``, or read
-    from a tensor) that the graph returns. AOTAutograd rebuilds a returned view from the
-    returned tensor's strides and offset where the view's arguments are symbolic, which a
-    treadle result, a tensor of its own, does not have."""
-    symbolic = any(isinstance(a, torch.fx.Node) for a in node.args[2:4])
-    return not (symbolic and any(u.op == "output" for u in node.users))
-
-
-@aten("slice.Tensor", claims=_viewable)
+@aten("slice.Tensor")
 def _slice(call: Call, x, dim=0, start=None, end=None, step=1):
     dim %= x.rank
     start = 0 if start is None else start

@@ -261,6 +261,7 @@ class Importer:
     # Sizes a kernel finds in the data, by symbol: the int64 scalar holding each, which
     # the graph returns where the FX graph returns the size.
     counts: dict[Var, Tensor] = field(default_factory=dict)
+    given: Optional[set] = None  # the symbols the input tensors' dimensions give
 
     def bind_found(self, size, op) -> None:
         """The tracer's unbacked ``size`` is the size ``op``'s kernel finds in the data."""
@@ -288,17 +289,34 @@ class Importer:
         if node.name in self.constants:
             return self.constant(self.constants[node.name], node.name)
         value = node.meta.get("val")
-        if isinstance(value, torch.SymInt):
+        if isinstance(value, torch.SymInt) and self._shaped(value):
             return self.dim(value)
+        if isinstance(value, torch.SymInt):
+            # An integer no input's shape gives (``n.item()`` run in eager, or the size of
+            # a tensor the graph does not take) is an input of its own: an int64 scalar.
+            return self._input(node, dtypes.int64, ())
         if isinstance(value, torch.SymBool):
             return None  # a guard's condition, which only checks read (and treadle skips)
         if not isinstance(value, torch.Tensor):
             raise UnsupportedOpError(f"input {node.name!r} is a {type(value).__name__}, not a "
                                      "tensor or a size")
-        tensor = Tensor(self.input_names.get(node.name, node.name), torch_dtype(value.dtype),
-                        self.shape(value))
+        return self._input(node, torch_dtype(value.dtype), self.shape(value))
+
+    def _input(self, node: torch.fx.Node, dtype: DataType, shape: tuple) -> Tensor:
+        tensor = Tensor(self.input_names.get(node.name, node.name), dtype, shape)
         self.inputs.append(tensor)
         return tensor
+
+    def _shaped(self, value: torch.SymInt) -> bool:
+        """Whether the input tensors' shapes give the size's value at each call: each of
+        its symbols is one of their dimensions."""
+        if self.given is None:
+            self.given = {d.node.expr for node in self.gm.graph.nodes
+                          if node.op == "placeholder" and node.name not in self.constants
+                          and isinstance(node.meta.get("val"), torch.Tensor)
+                          for d in node.meta["val"].shape
+                          if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol}
+        return value.node.expr.free_symbols <= self.given
 
     def _attribute(self, node: torch.fx.Node):
         value = self.gm
@@ -339,8 +357,9 @@ def from_aten(gm: torch.fx.GraphModule, constants: Mapping[str, torch.Tensor], *
               outputs: Optional[Sequence[int]] = None) -> Graph:
     """The graph of an FX graph module of ATen operators whose placeholders named in
     ``constants`` hold those tensors; the other tensor placeholders become graph inputs
-    (renamed by ``input_names``), size placeholders their symbolic sizes. ``outputs``
-    picks the FX outputs, by position, that the graph returns."""
+    (renamed by ``input_names``), size placeholders their symbolic sizes where the input
+    tensors' shapes give them, else int64 scalar inputs. ``outputs`` picks the FX
+    outputs, by position, that the graph returns."""
     importer = Importer(gm, constants, dict(input_names or {}), dict(symbols or {}), outputs)
     return importer.run(name)
 

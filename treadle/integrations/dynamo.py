@@ -10,8 +10,10 @@ those compiled, and compiles again when one changed (``load_state_dict``, a writ
 
 Results take the memory layout eager gives them (channels_last stays channels_last): the
 traced graph's outputs carry eager's strides, and treadle's row-major results are copied
-into that order. Dynamo's size symbols are named by the input dimension they came from
-(``x.shape[1]``), so errors and dumps speak of the user's tensors.
+into that order; a returned view of an input (``x.t()[:n - 1]``), which AOTAutograd
+rebuilds from its strides, is made in eager, as the view it is. Dynamo's size symbols are
+named by the input dimension they came from (``x.shape[1]``), so errors and dumps speak
+of the user's tensors.
 
 ATen nodes without a converter split the graph (``torch.fx``'s capability partitioner):
 the supported pieces run in treadle, the rest in eager, and one warning lists the ops. A
@@ -25,8 +27,9 @@ import functools
 import operator
 import warnings
 from collections import Counter
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import AbstractSet, Any, Callable, Mapping, Optional, Sequence
 
+import numpy as np
 import torch
 import torch.fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
@@ -108,10 +111,22 @@ def _forward(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     context = TracingContext.try_get()
     metadata = context.fw_metadata if context is not None else None
     static = set(metadata.static_input_indices) if metadata is not None else set()
-    runner = _LazyRunner(gm, static, options)
+    runner = _LazyRunner(gm, static, options, _rebuilt(metadata, gm))
     runner._boxed_call = True  # AOTAutograd calls it with one list of arguments
     traced.update(metadata=metadata, runner=runner)
     return runner
+
+
+def _rebuilt(metadata, gm: torch.fx.GraphModule) -> set[int]:
+    """The positions of the traced graph's outputs that AOTAutograd rebuilds as views of
+    their base (an input, or an intermediate it adds to the outputs); without its
+    metadata, those of every returned view."""
+    if metadata is None:
+        return {k for k, node in enumerate(_outputs(gm))
+                if isinstance(node, torch.fx.Node) and _is_view(node)}
+    first = metadata.num_mutated_inp_runtime_indices  # the written inputs come first
+    return {first + k for k, info in enumerate(metadata.output_info)
+            if info.output_type.name in REBUILT}
 
 
 def _plain(metadata, runner: Optional["_LazyRunner"], arguments: int) -> bool:
@@ -131,10 +146,13 @@ class _LazyRunner:
     """Compiles at the first call, when the static inputs (weights) hold real values, and
     again at a call where one of them changed since."""
 
-    def __init__(self, gm: torch.fx.GraphModule, static: set[int], options: Mapping):
-        self.gm, self.static, self.options = gm, static, options
+    def __init__(self, gm: torch.fx.GraphModule, static: set[int], options: Mapping,
+                 rebuilt: set[int]):
+        self.gm, self.static, self.options, self.rebuilt = gm, static, options, rebuilt
         self.positions = sorted(static)
-        self.layouts = layouts_of(_output_values(gm))
+        # A rebuilt view takes its layout from its base.
+        self.layouts = layouts_of([None if k in rebuilt else value
+                                   for k, value in enumerate(_output_values(gm))])
         self.run: Optional[Callable] = None
         self.stamp: Optional[tuple] = None
 
@@ -146,28 +164,61 @@ class _LazyRunner:
     def direct(self, *args) -> Any:
         stamp = versions([args[k] for k in self.positions])
         if stamp != self.stamp:
-            self.run = split_and_compile(self.gm, self.static, args, self.options)
+            self.run = split_and_compile(self.gm, self.static, args, self.options,
+                                         self.rebuilt)
             self.stamp = stamp
         outputs = self.run(*args)
         return restrided(outputs, self.layouts) if self.layouts else outputs
 
 
 def _output_values(gm: torch.fx.GraphModule) -> list:
-    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     return [node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-            for node in (out if isinstance(out, (tuple, list)) else [out])]
+            for node in _outputs(gm)]
+
+
+def _outputs(gm: torch.fx.GraphModule) -> list:
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    """Whether the node's value is a view of its first argument (``t``, ``slice``, an
+    item of ``split``)."""
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return _is_view(node.args[0])
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and not schema.is_mutable and any(
+        r.alias_info is not None for r in schema.returns)
 
 
 class _Supported(OperatorSupportBase):
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
         from treadle.frontend.aten import is_supported
-        if node.op != "call_function":
+        if node.op != "call_function" or node.meta.get(EAGER_VIEW):
             return False
         if node.target is operator.getitem:
             return self.is_node_supported(submodules, node.args[0])
         if not isinstance(node.target, torch._ops.OpOverload):
             return False  # size arithmetic stays in the host graph, its results are inputs
+        if node.target in SIZE_READS:
+            # The size of a tensor the host graph holds is read there: a piece reading
+            # it would return nothing but its input's size, which is no tensor.
+            return self.is_node_supported(submodules, node.args[0])
         return is_supported(node) and _tensors_supported(node)
+
+
+# Marks the copies of returned views that run in eager (see _views_in_eager).
+EAGER_VIEW = "treadle_eager_view"
+
+# Outputs that AOTAutograd rebuilds as views of their base.
+REBUILT = {"alias_of_input", "alias_of_intermediate", "alias_of_intermediate_save_as_output",
+           "alias_of_intermediate_base_is_user_output"}
+
+# Operators that read a tensor's sizes, strides or offset, not its values.
+SIZE_READS = {torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
+              torch.ops.aten.sym_storage_offset.default, torch.ops.aten.sym_numel.default}
 
 
 def _tensors_supported(node: torch.fx.Node) -> bool:
@@ -183,10 +234,13 @@ def _tensors_supported(node: torch.fx.Node) -> bool:
 
 
 def split_and_compile(gm: torch.fx.GraphModule, static: set[int], args: Sequence,
-                      options: Mapping) -> Callable:
+                      options: Mapping, rebuilt: AbstractSet[int] = frozenset()
+                      ) -> Callable:
     """The graph with its supported parts compiled by treadle; ``args`` are the
-    arguments of the call that compiles it, those at ``static`` positions constants."""
+    arguments of the call that compiles it, those at ``static`` positions constants;
+    the outputs at ``rebuilt`` are views that AOTAutograd rebuilds from their base."""
     gm = _copy(gm)  # the partitioner rewrites the graph it splits
+    _views_in_eager(gm.graph, rebuilt)
     frozen = {p.name: args[k] for k, p in enumerate(_placeholders(gm)) if k in static}
     partitioner = CapabilityBasedPartitioner(gm, _Supported(), allows_single_node_partition=True)
     partitions = partitioner.propose_partitions()
@@ -203,6 +257,42 @@ def split_and_compile(gm: torch.fx.GraphModule, static: set[int], args: Sequence
     return split
 
 
+def _views_in_eager(graph: torch.fx.Graph, rebuilt: AbstractSet[int]) -> None:
+    """Makes the outputs at ``rebuilt`` (``x.t()[:n - 1]``) in eager, as views of their
+    base. AOTAutograd rebuilds an output that aliases an input or an intermediate from
+    that base; where the view's arguments are symbolic, it does so with the returned
+    tensor's sizes, strides and storage offset, which only a real view of the base has (a
+    treadle result is a row-major tensor of its own). Views cost no computation; the
+    chain of them is copied, so that other readers keep theirs in the treadle piece
+    around it."""
+    output = next(n for n in graph.nodes if n.op == "output")
+    results = output.args[0]
+    single = not isinstance(results, (tuple, list))
+    results = [results] if single else list(results)
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+    for k in sorted(rebuilt):
+        results[k] = _eager_view(results[k], graph, copies)
+    output.args = (results[0] if single else type(output.args[0])(results),)
+    for node, copy in copies.items():  # the sizes of a view are its copy's
+        node.replace_all_uses_with(copy, delete_user_cb=lambda user: user.target in SIZE_READS)
+    for node in reversed(list(copies)):
+        if not node.users:
+            graph.erase_node(node)
+
+
+def _eager_view(node: torch.fx.Node, graph: torch.fx.Graph, copies: dict) -> torch.fx.Node:
+    """A copy of the chain of views that ends at ``node``, marked to run in eager."""
+    if not _is_view(node):
+        return node
+    if node not in copies:
+        source = _eager_view(node.args[0], graph, copies)
+        with graph.inserting_after(node):  # before the size reads that move to it
+            copy = graph.node_copy(node, lambda a: source if a is node.args[0] else a)
+        copy.meta[EAGER_VIEW] = True
+        copies[node] = copy
+    return copies[node]
+
+
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
@@ -216,6 +306,7 @@ def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 def _warn_unsupported(gm: torch.fx.GraphModule, covered: set) -> None:
     missing = Counter(str(n.target) for n in gm.graph.nodes
                       if n.op == "call_function" and n not in covered
+                      and not n.meta.get(EAGER_VIEW) and n.target not in SIZE_READS
                       and isinstance(n.target, torch._ops.OpOverload))
     if missing:
         listed = ", ".join(f"{op} ({count} node{'s' if count > 1 else ''})"
@@ -242,7 +333,7 @@ def _compile_piece(piece: torch.fx.GraphModule, constants: Mapping[str, torch.Te
                       f"which is a treadle bug worth reporting: {type(err).__name__}: {err}",
                       stacklevel=4)
         return piece
-    return _Piece(model, piece, constants)
+    return _Piece(model, piece, [t.name for t in graph.inputs])
 
 
 def _symbol_names(piece: torch.fx.GraphModule) -> dict[str, str]:
@@ -253,7 +344,7 @@ def _symbol_names(piece: torch.fx.GraphModule) -> dict[str, str]:
     names = {}
     for node in _placeholders(piece):
         value = node.meta.get("val")
-        for size in value.shape if isinstance(value, torch.Tensor) else [value]:
+        for size in value.shape if isinstance(value, torch.Tensor) else []:
             if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
                 sources = size.node.shape_env.var_to_sources.get(size.node.expr)
                 name = size.node.expr.name
@@ -279,15 +370,14 @@ def _ranges(graph, dynamic) -> Optional[dict]:
 
 class _Piece(torch.nn.Module):
     """Runs a compiled piece on the host graph's values: constants are baked in, sizes
-    are read from the tensors, and results come back as tensors sharing treadle's
-    output memory."""
+    are read from the tensors, integers no tensor's shape gives are passed as scalars,
+    and results come back as tensors sharing treadle's output memory."""
 
-    def __init__(self, model, piece: torch.fx.GraphModule, constants: Mapping):
+    def __init__(self, model, piece: torch.fx.GraphModule, inputs: Sequence[str]):
         super().__init__()
         self.model = model
-        self.tensor_positions = [
-            k for k, node in enumerate(_placeholders(piece))
-            if node.name not in constants and isinstance(node.meta.get("val"), torch.Tensor)]
+        position = {node.name: k for k, node in enumerate(_placeholders(piece))}
+        self.positions = [position[name] for name in inputs]  # the graph's inputs, in order
         out = next(n for n in piece.graph.nodes if n.op == "output").args[0]
         self.returns_tuple = isinstance(out, (tuple, list))
         results = out if self.returns_tuple else [out]
@@ -296,8 +386,10 @@ class _Piece(torch.nn.Module):
                               else r.meta["val"].dtype for r in results]
 
     def forward(self, *args):
-        tensors = [args[k] for k in self.tensor_positions]
-        inputs = [array_of(t) for t in tensors]
+        values = [args[k] for k in self.positions]
+        tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        inputs = [array_of(v) if isinstance(v, torch.Tensor) else np.asarray(v, np.int64)
+                  for v in values]
         # The executable takes and gives host arrays: results go back where the inputs
         # live (a GPU model's inputs are copied to the device by its executable).
         device = next((t.device for t in tensors if t.device.type != "cpu"), None)
@@ -306,5 +398,4 @@ class _Piece(torch.nn.Module):
         if device is not None:
             outputs = [o if isinstance(o, int) else o.to(device) for o in outputs]
         return tuple(outputs) if self.returns_tuple else outputs[0]
-
 

@@ -34,6 +34,7 @@ from treadle.graph.passes.fission import Primitives
 from treadle.graph.rewrite import rewrite_graph
 from treadle.graph.tensor import Tensor, constant
 from treadle.ir import dtypes
+from treadle.schedule.templates.thresholds import WORD_BYTES
 
 SIGN = 128  # what moves an int8 into uint8 and back
 RAW = {"MatMul": "MatMulInteger", "Conv": "ConvInteger"}
@@ -123,7 +124,7 @@ def _dequantized_product(node: Operator, inputs: list[Optional[Tensor]]
         return None
     kind = _product(node.op_type, node.attrs, right.x)
     column = 0 if node.op_type == "Conv" else right.x.rank - 1
-    if kind is None or not _per_tensor(left.scale) or not _scalar_or_absent(left.zero) \
+    if kind is None or not _per_tensor(left.scale) \
             or not (_per_tensor(right.scale) or (right.scale.rank == 1
                                                  and right.axis == column)):
         return None
@@ -182,32 +183,27 @@ def _integer_product(p: Primitives, kind: Product, a: Tensor, b: Tensor,
                **kind.attrs)
     result = raw
     if not (zero_a.is_constant and not zero_a.data.any()):
-        sums = _int32(p, kind.column_sums(weights), "column_sums")
+        sums = _integers(p, kind.column_sums(weights), "column_sums")
         result = p.op("Sub", [raw, p.op("Mul", [zero_a, sums], "left_zero")], "corrected")
     if np.any(shifts):
         rows = kind.row_sums(p, a, weights)
-        both = p.op("Mul", [zero_a, _int32(p, kind.depth(weights) * shifts, "depth_zero")],
+        both = p.op("Mul", [zero_a, _integers(p, kind.depth(weights) * shifts, "depth_zero")],
                     "both_zeros")
-        result = p.op("Sub", [result, p.op("Mul", [rows, _int32(p, shifts, "right_zero")],
+        result = p.op("Sub", [result, p.op("Mul", [rows, _integers(p, shifts, "right_zero")],
                                            "right_zero")], "less_rows")
         result = p.op("Add", [result, both], "restored")
     return result
 
 
-# Input channels of an integer convolution come in multiples of a word's four bytes, so
-# that packing reads whole words: the three channels of an image take the fourth as
-# padding (a ResNet stem ran 10x faster than with words filled byte by byte past the
-# third).
-WORD = 4
-
-
 def _whole_words(weights: np.ndarray, padding: Optional[list[int]], rank: int
                  ) -> tuple[np.ndarray, Optional[list[int]]]:
-    """Weights and the input's padding widths with channels up to a multiple of WORD: the
-    added weights are zeros and the added input channels the zero point, so each added
-    product is (zero point - zero point) x weight = 0, and the corrections, summed over
-    the padded channels too, stay exact."""
-    extra = -weights.shape[1] % WORD
+    """Weights and the input's padding widths with channels up to a multiple of a word's
+    WORD_BYTES, so that packing reads whole words: the three channels of an image take
+    the fourth as padding (a ResNet stem ran 10x faster than with words filled byte by
+    byte past the third). The added weights are zeros and the added input channels the
+    zero point, so each added product is (zero point - zero point) x weight = 0, and the
+    corrections, summed over the padded channels too, stay exact."""
+    extra = -weights.shape[1] % WORD_BYTES
     if not extra:
         return weights, padding
     widths = list(padding or [0] * (2 * rank))
@@ -220,12 +216,12 @@ def _unsigned(p: Primitives, a: Tensor, zero: Optional[Tensor]) -> tuple[Tensor,
     """The left operand as uint8 and its zero point as an int32 scalar: an int8 operand
     moved up by 128 (its zero point with it)."""
     zero = p.cast(_scalar(p, zero, "zero_a"), dtypes.int32, "zero_a32") if zero is not None \
-        else _int32(p, np.array(0), "zero_a32")
+        else _integers(p, np.array(0), "zero_a32")
     if a.dtype == dtypes.uint8:
         return a, zero
-    sign = _int32(p, np.array(SIGN), "sign", dtypes.int16)
+    sign = _integers(p, np.array(SIGN), "sign", dtypes.int16)
     moved = p.op("Add", [p.cast(a, dtypes.int16, "a16"), sign], "moved")
-    shifted_zero = p.op("Add", [zero, _int32(p, np.array(SIGN), "sign32")], "zero_moved")
+    shifted_zero = p.op("Add", [zero, _integers(p, np.array(SIGN), "sign32")], "zero_moved")
     return p.cast(moved, dtypes.uint8, "a_u8"), shifted_zero
 
 
@@ -291,6 +287,6 @@ def _scalar(p: Primitives, t: Tensor, suffix: str) -> Tensor:
     return t if t.rank == 0 else p.op("Reshape", [t, p.shape([], f"{suffix}_shape")], suffix)
 
 
-def _int32(p: Primitives, values: np.ndarray, suffix: str, dtype=dtypes.int32) -> Tensor:
-    """A constant of ``values``, int32 unless ``dtype`` says otherwise."""
+def _integers(p: Primitives, values: np.ndarray, suffix: str, dtype=dtypes.int32) -> Tensor:
+    """A constant of integer ``values``, int32 unless ``dtype`` says otherwise."""
     return constant(np.asarray(values, dtype.numpy), f"{p.node.name}/{suffix}")

@@ -9,3 +9,8 @@ MIN_GEMM_COLUMNS = 8
 
 # The dot template's K must fill whole vectors of the narrowest kind (AVX2's 8 floats).
 VECTOR_ELEMENTS = 8
+
+# K positions per 32-bit word of an integer product: VNNI's four bytes (gemm/words.py).
+# Integer convolutions get their input channels padded to a multiple of it
+# (graph.passes.integer_products), so that packing reads whole words.
+WORD_BYTES = 4

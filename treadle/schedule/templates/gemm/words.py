@@ -21,6 +21,7 @@ from treadle.ir.dtypes import int8, int16, int32, uint8, uint32
 from treadle.ir.expr import Expr, Var, as_expr, cast, ceil_div, minimum, select
 from treadle.ir.functor import substitute
 from treadle.schedule.templates.gemm.pattern import GemmPattern, byte_factor, static
+from treadle.schedule.templates.thresholds import WORD_BYTES
 from treadle.target.cpu import CpuTarget
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Words:
         return 32 // self.group
 
 
-BYTES = Words(4, "dot_u8s8")
+BYTES = Words(WORD_BYTES, "dot_u8s8")
 HALVES = Words(2, "dot_s16")
 
 

@@ -196,6 +196,11 @@ def _parallel_for(p: CpuPrinter, s: For) -> None:
     p.lines, p.depth, p.status_address = [], 1, "treadle_status"
     p.names.push()
     var = p.names.declare(s.var, s.var.name)
+    if not any(isinstance(n, For) for n in walk(s.body)):
+        # Iterations of a parallel loop are independent. gcc, left to prove it, gives
+        # up past a few dozen buffers (an unrolled recurrence's kernel storing its 64
+        # steps ran scalar), so it is told; its cost model still decides.
+        p.emit("#pragma GCC ivdep")
     p.emit(f"for ({p.type(s.var.dtype)} {var} = treadle_begin; {var} < treadle_end; ++{var}) {{")
     label = p.special_loop(s.body, "parallel")
     p.emit("}")

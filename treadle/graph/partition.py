@@ -35,6 +35,7 @@ from treadle.graph.operator import Operator
 from treadle.graph.tensor import Tensor, normalize_dim
 from treadle.ir.compute import Compute, reachable
 from treadle.ir.expr import Const, Expr, Load, Select, as_expr
+from treadle.ir.functor import walk
 from treadle.ir.simplify import simplify_expr
 
 
@@ -75,6 +76,13 @@ CHECKING = frozenset({"CheckIndices"})
 # Operators the executor runs as host steps, not kernels (a Loop calls its compiled body
 # from Python): nothing is fused into them.
 ON_HOST = frozenset({"Loop"})
+
+
+# The most buffers epilogues grow a kernel to. The step runner calls kernels of up to 48
+# parameters, and the C compiler's time on one body grows faster than its length: an
+# exporter's recurrence unrolled over 256 steps, each step stored, made one kernel of 768
+# buffers that took gcc 15 s; in kernels of 40 it takes a time linear in the steps.
+MAX_BUFFERS = 40
 
 
 def is_view(op: Operator) -> bool:
@@ -186,6 +194,34 @@ def element_map(load: Load, c: Compute) -> tuple[int | None, ...] | None:
 PAGE_BYTES = 4096  # elements this far apart lie in different pages (and TLB entries)
 
 
+# Inlined into its reader, a group's operators run wherever their results are loaded:
+# once per load of each result, and again inside each later operator of the group that
+# reads it. Past this factor on the group's work it stays a kernel of its own.
+MAX_RECOMPUTATION = 2.0
+
+
+def recomputation(ops: Sequence[Operator], readers: Sequence[Operator]) -> float:
+    """How many times over the work of ``ops`` (injective, in graph order) is done when
+    they are inlined into ``readers``: each operator runs once per load of its result in
+    the readers, plus once per load in each later operator of ``ops`` for every time
+    that one runs; work is counted in expression nodes. An exporter's unrolled
+    recurrence whose every step the reader loads runs step t t times over."""
+    runs: dict[int, int] = {}
+    for op in reversed(ops):
+        out = op.outputs[0]
+        runs[id(op)] = sum(_loads_of(out, reader) for reader in readers) + sum(
+            _loads_of(out, later) * runs[id(later)] for later in ops if id(later) in runs)
+    sizes = {id(op): sum(1 for _ in walk(op.definition[0].value)) for op in ops}
+    return sum(runs[k] * size for k, size in sizes.items()) / max(1, sum(sizes.values()))
+
+
+def _loads_of(tensor: Tensor, op: Operator) -> int:
+    """How many loads of ``tensor`` ``op``'s definition makes."""
+    buffers = {b for b, t in zip(op.input_buffers, op.inputs) if t is tensor and b is not None}
+    return sum(1 for c in reachable(op.definition).values() for load in c.loads()
+               if load.buffer in buffers) if buffers else 0
+
+
 class _Partitioner:
     def __init__(self, graph: Graph):
         self.graph = graph
@@ -197,6 +233,10 @@ class _Partitioner:
                     self.consumers[id(t)].append(op)
         self.graph_outputs = {id(t) for t in graph.outputs}
         self.group_of: dict[int, Group] = {}
+        # The first and last graph positions of each group of several operators that
+        # kept its members since (see _floor).
+        self.spans: dict[int, tuple[int, int]] = {}
+        self.groups: list[Group] = []  # every group made, absorbed ones too
         # Dequantisations left to their reader to compute (see _drop_leaving_dequantized).
         self.recomputed: set[int] = set()
 
@@ -205,7 +245,8 @@ class _Partitioner:
         for op in self.graph.nodes:
             if id(op) not in self.group_of:
                 group = Group(op)
-                self.group_of[id(op)] = group
+                self._join(op, group)
+                self.groups.append(group)
                 if not group.is_view and id(op) not in self.recomputed:
                     self._grow_epilogues(group)
                 groups.append(group)
@@ -217,23 +258,47 @@ class _Partitioner:
                              else list(group.anchor.outputs))
         return self._execution_order(groups)
 
+    def _join(self, op: Operator, group: Group) -> None:
+        self._leave(op)
+        self.group_of[id(op)] = group
+        self.spans.pop(id(group), None)
+
+    def _leave(self, op: Operator) -> None:
+        left = self.group_of.pop(id(op), None)
+        if left is not None:
+            self.spans.pop(id(left), None)
+
     # ---- epilogues -----------------------------------------------------------------------
     def _grow_epilogues(self, group: Group) -> None:
         if len(group.anchor.outputs) != 1 or group.anchor.op_type in ON_HOST:
             return
         produced = {id(group.anchor.outputs[0])}
+        read = {id(t) for t in group.anchor.inputs if t is not None}
         frontier = [group.anchor.outputs[0]]
         while frontier:
             tensor = frontier.pop(0)
             for op in self.consumers.get(id(tensor), []):
-                if self._can_be_epilogue(op, group, produced):
+                if self._can_be_epilogue(op, group, produced) and \
+                        self._within_buffers(op, group, produced, read):
                     group.epilogues.append(op)
-                    self.group_of[id(op)] = group
+                    self._join(op, group)
                     if padding_of(op) is None:  # the border is no element of the anchor's
                         produced.add(id(op.outputs[0]))
                         frontier.append(op.outputs[0])
         self._drop_trailing_views(group)
         self._drop_leaving_dequantized(group)
+
+    @staticmethod
+    def _within_buffers(op: Operator, group: Group, produced: set[int], read: set[int]
+                        ) -> bool:
+        """Whether the group's kernel, with ``op`` as one more epilogue, takes at most
+        MAX_BUFFERS buffers (counting each epilogue's result as one it may write); if so,
+        ``read`` takes ``op``'s inputs from outside the group."""
+        outside = {id(t) for t in op.inputs if t is not None and id(t) not in produced}
+        if len(read | outside) + len(group.epilogues) + 2 > MAX_BUFFERS:
+            return False
+        read |= outside
+        return True
 
     def _drop_trailing_views(self, group: Group) -> None:
         """A reshape no epilogue reads after it stays a free view, not a copy."""
@@ -245,7 +310,7 @@ class _Partitioner:
                 return
             for op in trailing:
                 group.epilogues.remove(op)
-                del self.group_of[id(op)]
+                self._leave(op)
 
     def _drop_leaving_dequantized(self, group: Group) -> None:
         """A DequantizeLinear of the group's 8-bit result whose float32 result only one
@@ -259,7 +324,7 @@ class _Partitioner:
                     and len(readers) == 1 and id(readers[0]) not in members
                     and id(op.outputs[0]) not in self.graph_outputs):
                 group.epilogues.remove(op)
-                del self.group_of[id(op)]
+                self._leave(op)
                 self.recomputed.add(id(op))
 
     def _padding_fits(self, op: Operator, padding: Padding) -> bool:
@@ -327,11 +392,11 @@ class _Partitioner:
         target = readers.pop()
         if target.is_view or target.anchor.op_type in ON_HOST or any(
                 self._depends_on(t, target) for op in group.ops for t in op.inputs
-                if t is not None):
+                if t is not None) or recomputation(group.ops, target.ops) > MAX_RECOMPUTATION:
             return
         target.prologues[:0] = group.ops
         for op in group.ops:
-            self.group_of[id(op)] = target
+            self._join(op, target)
 
     def _escaping(self, group: Group) -> list[Tensor]:
         """The group's results that an operator outside it reads or the graph returns."""
@@ -365,13 +430,16 @@ class _Partitioner:
         operator is at ``first``). Producers precede their readers in graph order, so a
         walk up the inputs only climbs back above a position through a group spanning
         it; lowered past every such span, nothing below can reach the group."""
-        spans = {id(g): (min(self.position[id(op)] for op in g.ops),
-                         max(self.position[id(op)] for op in g.ops))
-                 for g in self.group_of.values() if g is not group and len(g.ops) > 1}
+        groups = {id(g): g for g in self.groups if (g.prologues or g.epilogues) and
+                  g is not group and self.group_of.get(id(g.anchor)) is g}
+        for key, g in groups.items():
+            if key not in self.spans:
+                where = [self.position[id(op)] for op in g.ops]
+                self.spans[key] = (min(where), max(where))
         floor, lowered = first, True
         while lowered:
             lowered = False
-            for low, high in spans.values():
+            for low, high in (self.spans[key] for key in groups):
                 if low < floor <= high:
                     floor, lowered = low, True
         return floor

@@ -11,6 +11,8 @@ rule-based schedule, inlining into a fused kernel.
 """
 from __future__ import annotations
 
+import functools
+
 import itertools
 import weakref
 from dataclasses import dataclass, field, replace
@@ -76,7 +78,17 @@ class Compute:
         return self.buffer[indices]
 
     def loads(self) -> list[Load]:
-        return [n for n in walk(self.value) if isinstance(n, Load)]
+        return list(self._loads)
+
+    @functools.cached_property
+    def _loads(self) -> tuple[Load, ...]:
+        """Walked once: the partition asks an operator's computes for their loads at every
+        tensor it might fuse the operator after (a concatenation of 256 steps, 256 times)."""
+        return tuple(n for n in walk(self.value) if isinstance(n, Load))
+
+    @functools.cached_property
+    def _reachable(self) -> dict[Buffer, "Compute"]:
+        return _reachable([self])
 
 
 # Computes refer to each other through loads of their buffers; this finds the compute
@@ -138,6 +150,12 @@ def combine(op: str, a: Expr, b: Expr) -> Expr:
 
 def reachable(outputs: Sequence[Compute]) -> dict[Buffer, Compute]:
     """Every compute the outputs read from, by the buffer that names it."""
+    if len(outputs) == 1:
+        return dict(outputs[0]._reachable)
+    return _reachable(outputs)
+
+
+def _reachable(outputs: Sequence[Compute]) -> dict[Buffer, Compute]:
     found: dict[Buffer, Compute] = {}
     stack = list(outputs)
     while stack:

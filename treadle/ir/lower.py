@@ -3,7 +3,8 @@ code generation, chosen per target (``SPLITS`` and ``PIPELINES``, by the target'
 
 On the CPU, order matters: task mappings become loops first, so that barrier splitting sees plain
 worker loops; simplification runs over the index arithmetic both passes introduce; divisions by run-time
-sizes then leave the loops they do not vary in (``hoist``);
+sizes then leave the loops they do not vary in (``hoist``), as do selects whose conditions
+do not vary in the loop storing them (``unswitch``);
 half-precision arithmetic is widened last, so that no simplification folds its rounding casts away.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from treadle.ir.passes.lower_mapping import lower_mapping
 from treadle.ir.passes.simplify import simplify
 from treadle.ir.passes.split_launches import split_launches
 from treadle.ir.passes.split_barriers import split_barriers
+from treadle.ir.passes.unswitch import unswitch
 from treadle.ir.passes.widen_half import widen_half
 from treadle.ir.stmt import Function
 from treadle.ir.verify import verify
@@ -27,7 +29,7 @@ SPLITS = {"cpu": lambda func: [func], "cuda": split_launches}
 # Target kind -> its passes. A CPU worker loop runs its barriers' phases in turn
 # (split_barriers); a target with hardware barriers keeps them.
 # On CUDA a block's threads meet at __syncthreads(), so barriers stay.
-PIPELINES = {"cpu": (lower_mapping, split_barriers, simplify, hoist, widen_half),
+PIPELINES = {"cpu": (lower_mapping, split_barriers, simplify, hoist, unswitch, widen_half),
              "cuda": (lower_mapping, simplify)}
 
 

@@ -158,6 +158,9 @@ def _apply_epilogues(body: Stmt, plan: KernelPlan, buffers: _TensorBuffers) -> S
     values: dict[int, Expr] = {id(anchor): stored}
     index_of: dict[int, tuple[Expr, ...]] = {id(anchor): axes}
     borders, folded = [], []  # filled before the body, and copied from it after it
+    # Each computing epilogue's element, over the anchor's axes, in plan order; its
+    # result is the variable it binds, which later values read.
+    definitions: list[tuple[Var, Expr]] = []
     for op in plan.epilogues:
         out, padding = op.outputs[0], padding_of(op)
         if is_view(op) or padding is not None:  # the same value, at another index
@@ -180,9 +183,12 @@ def _apply_epilogues(body: Stmt, plan: KernelPlan, buffers: _TensorBuffers) -> S
             raise FusionError(f"{op.name!r} combines elements of different in-plan indices")
         index = indices.pop()
         value = buffers.value(op, values)
-        values[id(out)] = substitute(value, dict(zip(op.definition[0].axes, index)))
+        values[id(out)] = Var(next(fresh), out.dtype)
+        definitions.append((values[id(out)],
+                            substitute(value, dict(zip(op.definition[0].axes, index)))))
         index_of[id(out)] = index
     target = buffers.of(anchor)
+    shared = _read_twice(definitions, [values[id(t)] for t in plan.outputs])
 
     def visit(node):
         if isinstance(node, Load) and node.buffer == target:
@@ -193,10 +199,31 @@ def _apply_epilogues(body: Stmt, plan: KernelPlan, buffers: _TensorBuffers) -> S
             raise FusionError(f"the schedule of {plan.anchor.name!r} stores vectors")
         var = Var(next(fresh), anchor.dtype)
         env = {**dict(zip(axes, node.indices)), stored: var}
+        lets = []
+        for result, value in definitions:
+            env[result] = substitute(value, env)
+            if result in shared:
+                lets.append(Let(Var(next(fresh), result.dtype), env[result]))
+                env[result] = lets[-1].var
         writes = [Store(buffers.of(t), tuple(substitute(i, env) for i in index_of[id(t)]),
-                        substitute(values[id(t)], env)) for t in plan.outputs]
-        return Seq((Let(var, node.value), *writes))
+                        env[values[id(t)]]) for t in plan.outputs]
+        return Seq((Let(var, node.value), *lets, *writes))
     return Seq((*borders, rewrite(body, visit), *folded))
+
+
+def _read_twice(definitions: Sequence[tuple[Var, Expr]], stored: Sequence[Expr]) -> set[Var]:
+    """The epilogue results read more than once, by later epilogues or by the stores:
+    each is bound to a variable once per element, since inlining it at every read
+    computes it again there, and a chain of epilogues whose every step is also stored
+    (a recurrence unrolled by an exporter, each state returned) would compute each step
+    from the first, work growing with the square of its length."""
+    reads: dict[Var, int] = {}
+    results = {result for result, _ in definitions}
+    for expr in (*(value for _, value in definitions), *stored):
+        for node in walk(expr):
+            if node in results:
+                reads[node] = reads.get(node, 0) + 1
+    return {result for result, count in reads.items() if count > 1}
 
 
 def _view_index(index: Sequence[Expr], source: Sequence[Dim], out: Sequence[Dim]) -> tuple:

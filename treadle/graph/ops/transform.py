@@ -311,12 +311,16 @@ def concat(ctx: OpContext):
         offsets.append(simplify_dim(as_expr(offsets[-1]) + s[axis]))
 
     def element(*i):
-        def part(k):
-            return xs[k][(*i[:axis], i[axis] - offsets[k], *i[axis + 1:])]
-        value = part(len(xs) - 1)
-        for k in reversed(range(len(xs) - 1)):
-            value = select(i[axis] < offsets[k + 1], part(k), value)
-        return value
+        def parts(first: int, last: int):
+            """Inputs first..last by halves: a chain of selects, one per input, cost
+            every element of the last input as many comparisons as there are inputs
+            (an unrolled recurrence concatenating 256 steps)."""
+            if first == last:
+                return xs[first][(*i[:axis], i[axis] - offsets[first], *i[axis + 1:])]
+            middle = (first + last) // 2
+            return select(i[axis] < offsets[middle + 1], parts(first, middle),
+                          parts(middle + 1, last))
+        return parts(0, len(xs) - 1)
     shape = list(shapes[0])
     shape[axis] = offsets[-1]
     return [compute("y", shape, element)]

@@ -10,6 +10,8 @@
   shuffle (``passes.conv_transpose``);
 * BatchNormalization after a convolution with constant weights is folded into them;
   elsewhere it becomes a per-channel multiply-add;
+* a convolution's taps that read only padding for every output are cut from its weights
+  (``passes.conv_taps``: a 3x3 at dilation 36 on a 28x28 map is a 1x1);
 * a dense (or grouped GEMM) convolution with explicit padding reads a padded copy of its input
   (Pad, then Conv without pads): the copy costs one pass over the input, while checking
   bounds at every one of the kernel-size-many reads of each input element in the GEMM's
@@ -32,6 +34,7 @@ from treadle.errors import ModelError
 from treadle.graph.ops.transform import index_bounds, out_of_range
 from treadle.graph.passes.attention import decompose_attention
 from treadle.graph.passes.channels_last import grouped_gemm
+from treadle.graph.passes.conv_taps import without_dead_taps
 from treadle.graph.passes.conv_transpose import decompose_conv_transpose, zero_padded
 from treadle.graph.passes.fission import Primitives
 from treadle.graph.rewrite import consumers, reapply, rewrite_graph, sole_reader
@@ -129,6 +132,14 @@ def _fold_into_conv(conv: Operator, factor, shift, dtype) -> Tensor:
     return apply("Conv", inputs, conv.attrs, conv.name)[0]
 
 
+def _conv(node: Operator, inputs: list, readers) -> Optional[Sequence[Tensor]]:
+    """A convolution over its live taps only (``passes.conv_taps``), then without pads."""
+    live = without_dead_taps(node, inputs)
+    if live is None:
+        return _conv_padding(node, inputs, readers)
+    return _conv_padding(live, list(live.inputs), readers) or live.outputs
+
+
 def _conv_padding(node: Operator, inputs: list, readers) -> Optional[Sequence[Tensor]]:
     x, attrs = inputs[0], node.attrs
     rank = x.rank - 2
@@ -219,7 +230,7 @@ RULES: dict[str, Rule] = {
     "Gemm": _gemm,
     "Attention": decompose_attention,
     "BatchNormalization": _batch_norm,
-    "Conv": _conv_padding,
+    "Conv": _conv,
     "ConvTranspose": decompose_conv_transpose,
     "Mul": _mish,
     "Gather": _check_indices,

@@ -18,6 +18,9 @@ speed-up is the other system's time over treadle's.
     cyclegan_decoder  CycleGAN's upsampling: 3x3 stride-2 ConvTranspose layers, whose
                   phases have different taps, with instance norms, and its last 7x7
                   convolution to 3 channels
+    aspp_d*       a DeepLabV3-MobileNetV3 head's dilated 3x3 convolutions, 960 -> 256
+                  channels on a 28x28 map: at dilation 36 only the centre tap reads the
+                  image
 """
 from __future__ import annotations
 
@@ -66,6 +69,8 @@ def _cases() -> dict:
         "up_3x3_s2": lambda: (nn.ConvTranspose2d(64, 32, 3, 2, 1, 1), (1, 64, 56, 56)),
         "dcgan": dcgan,
         "cyclegan_decoder": cyclegan_decoder,
+        **{f"aspp_d{d}": (lambda d=d: (nn.Conv2d(960, 256, 3, padding=d, dilation=d),
+                                       (1, 960, 28, 28))) for d in (12, 24, 36)},
     }
 
 

@@ -54,16 +54,18 @@ def test_layers_run_channels_last_and_only_the_ends_transpose():
     types = op_types(graph)
     assert not {"Conv", "MaxPool", "AveragePool"} & set(types)
     assert types.count("ChannelsLastConv") == 4
-    # The (padded) input is transposed once; the global pool reduces the channels-last
-    # layer, and only its N x 1 x 1 x C result goes back to NCHW.
+    # The input is transposed once, then padded channels-last; the global pool reduces
+    # the channels-last layer, and only its N x 1 x 1 x C result goes back to NCHW.
     transposes = [n for n in graph.nodes if n.op_type == "Transpose"]
     assert len(transposes) == 2, types
-    assert transposes[0].inputs[0].producer.inputs[0] is graph.inputs[0]
+    assert transposes[0].inputs[0] is graph.inputs[0]
     assert transposes[1].inputs[0].producer.op_type == "ReduceMean"
     assert transposes[1] is graph.nodes[-1]
-    # Padding moved to the channels-last side: no Pad reads a transpose.
+    # Padding is on the channels-last side: only the first Pad reads a transpose, the
+    # input's.
     pads = [n for n in graph.nodes if n.op_type == "Pad"]
-    assert pads and all(p.inputs[0].producer.op_type != "Transpose" for p in pads[1:])
+    assert pads and pads[0].inputs[0].producer is transposes[0]
+    assert all(p.inputs[0].producer.op_type != "Transpose" for p in pads[1:])
 
 
 @pytest.mark.parametrize("channels", [3, 8])

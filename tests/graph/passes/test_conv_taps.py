@@ -1,6 +1,7 @@
 """conv_taps: a convolution's taps that read only padding for every output are cut from
 its weights, the padding shrinking by what they spanned (cropping the input where it
-shrinks below zero); the compiled result equals ONNX Runtime's at odd sizes and strides,
+shrinks below zero), and one whose taps mostly read padding is a sum of its taps over
+the outputs each reaches; the compiled result equals ONNX Runtime's at odd sizes and strides,
 dilations, asymmetric pads, groups and 1-D to 3-D."""
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import treadle
 from tests.harness import run_onnxruntime
 from treadle.frontend.onnx import from_onnx
 from treadle.graph.passes.canonicalize import canonicalize
+from treadle.graph.passes import conv_taps
 from treadle.graph.passes.conv_taps import live_taps
 
 
@@ -27,7 +29,7 @@ def conv_model(image, channels, out_channels, kernel, *, dilations, pads, stride
                                              .astype(np.float32), "b"))
         names.append("b")
     node = helper.make_node("Conv", names, ["y"], dilations=dilations, pads=pads,
-                            strides=strides, group=group)
+                            strides=strides, group=group, kernel_shape=list(kernel))
     graph = helper.make_graph(
         [node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
                                                        [1, channels, *image])],
@@ -47,8 +49,17 @@ def test_a_dilation_past_the_image_leaves_the_centre_tap():
     model = conv_model((28, 28), 16, 8, (3, 3), dilations=[36, 36], pads=[36] * 4,
                        strides=[1, 1])
     assert compiled_kernels(model) == [(1, 1)]
-    # At dilation 12 every tap reaches the 28x28 image; on 11x11 only the centre does.
+    # At dilation 12 every tap reaches the 28x28 image, the outer ones for 16 rows or
+    # columns: a sum of nine 1x1 convolutions; on 11x11 only the centre tap reaches it.
+    model = conv_model((28, 28), 64, 64, (3, 3), dilations=[12, 12], pads=[12] * 4,
+                       strides=[1, 1])
+    assert compiled_kernels(model) == [(1, 1)] * 9
+    # With few channels the nine kernels would cost more than they save.
     model = conv_model((28, 28), 16, 8, (3, 3), dilations=[12, 12], pads=[12] * 4,
+                       strides=[1, 1])
+    assert compiled_kernels(model) == [(3, 3)]
+    # Padded by one, a 3x3's taps reach almost every output: it stays one convolution.
+    model = conv_model((28, 28), 64, 64, (3, 3), dilations=[1, 1], pads=[1] * 4,
                        strides=[1, 1])
     assert compiled_kernels(model) == [(3, 3)]
     model = conv_model((11, 11), 16, 8, (3, 3), dilations=[12, 12], pads=[12] * 4,
@@ -84,16 +95,29 @@ CASES = [
     ((7, 10), (3, 3), [5, 1], [2, 1, 2, 1], [1, 1], 1),       # rows cropped, 3 a side
     ((23,), (3,), [29], [29, 29], [1], 1),
     ((19, 19), (3, 3), [24, 24], [24, 24, 24, 24], [1, 1], 6),  # grouped
+    ((13, 11), (3, 3), [7, 5], [7, 5, 7, 5], [1, 1], 4),       # grouped, by taps
     ((19, 19), (3, 3), [24, 24], [24, 24, 24, 24], [1, 1], 12),  # depthwise
     ((5, 7, 6), (3, 3, 3), [6, 2, 7], [6, 2, 7, 6, 2, 7], [1, 2, 1], 1),
 ]
 
 
 @pytest.mark.parametrize("image,kernel,dilations,pads,strides,group", CASES)
-def test_against_onnxruntime(image, kernel, dilations, pads, strides, group):
+def test_against_onnxruntime(image, kernel, dilations, pads, strides, group, monkeypatch):
+    # Small enough to run quickly, and summed by taps wherever that saves any work.
+    monkeypatch.setattr(conv_taps, "MIN_SAVED", 0)
     model = conv_model(image, 12, 12, kernel, dilations=dilations, pads=pads,
                        strides=strides, group=group)
     x = np.random.default_rng(3).standard_normal((1, 12, *image)).astype(np.float32)
     (expected,) = run_onnxruntime(model, {"x": x})
     (got,) = treadle.compile(model)(x)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_sum_of_taps_without_bias(monkeypatch):
+    monkeypatch.setattr(conv_taps, "MIN_SAVED", 0)
+    model = conv_model((13, 11), 12, 5, (3, 3), dilations=[12, 7], pads=[12, 7, 12, 7],
+                       strides=[1, 1], bias=False)
+    assert compiled_kernels(model) == [(1, 1)] * 9
+    x = np.random.default_rng(4).standard_normal((1, 12, 13, 11)).astype(np.float32)
+    (expected,) = run_onnxruntime(model, {"x": x})
+    np.testing.assert_allclose(treadle.compile(model)(x)[0], expected, rtol=1e-4, atol=1e-4)

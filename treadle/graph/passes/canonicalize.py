@@ -11,7 +11,8 @@
 * BatchNormalization after a convolution with constant weights is folded into them;
   elsewhere it becomes a per-channel multiply-add;
 * a convolution's taps that read only padding for every output are cut from its weights
-  (``passes.conv_taps``: a 3x3 at dilation 36 on a 28x28 map is a 1x1);
+  (``passes.conv_taps``: a 3x3 at dilation 36 on a 28x28 map is a 1x1), and one whose
+  taps mostly read padding is a sum of its taps, each over the outputs it reaches;
 * a dense (or grouped GEMM) convolution with explicit padding reads a padded copy of its input
   (Pad, then Conv without pads): the copy costs one pass over the input, while checking
   bounds at every one of the kernel-size-many reads of each input element in the GEMM's
@@ -34,7 +35,7 @@ from treadle.errors import ModelError
 from treadle.graph.ops.transform import index_bounds, out_of_range
 from treadle.graph.passes.attention import decompose_attention
 from treadle.graph.passes.channels_last import grouped_gemm
-from treadle.graph.passes.conv_taps import without_dead_taps
+from treadle.graph.passes.conv_taps import by_taps, without_dead_taps
 from treadle.graph.passes.conv_transpose import decompose_conv_transpose, zero_padded
 from treadle.graph.passes.fission import Primitives
 from treadle.graph.rewrite import consumers, reapply, rewrite_graph, sole_reader
@@ -133,7 +134,11 @@ def _fold_into_conv(conv: Operator, factor, shift, dtype) -> Tensor:
 
 
 def _conv(node: Operator, inputs: list, readers) -> Optional[Sequence[Tensor]]:
-    """A convolution over its live taps only (``passes.conv_taps``), then without pads."""
+    """A convolution over its live taps only, or as a sum of its taps each over the
+    outputs it reaches (``passes.conv_taps``); then without pads."""
+    summed = by_taps(node, inputs)
+    if summed is not None:
+        return [summed]
     live = without_dead_taps(node, inputs)
     if live is None:
         return _conv_padding(node, inputs, readers)

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo clean
+.PHONY: test demo wheel clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,5 +20,12 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m treadle.demo
 
+# A pure-Python wheel in dist/, for `pip install dist/treadle-*.whl` (extras as for `pip
+# install .`). build/ goes first: setuptools keeps modules deleted since in it, and they
+# would enter the wheel.
+wheel:
+	rm -rf build
+	$(PYTHON) -m pip wheel --no-deps --wheel-dir dist .
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

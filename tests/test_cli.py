@@ -1,6 +1,8 @@
-"""The treadle command: run, show and info, and errors as one line with exit status 2."""
+"""The treadle command: run, check, show, bench and info, --help with examples, and errors
+as one line (usage errors after the usage) with exit status 2."""
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 import sys
@@ -14,7 +16,7 @@ from onnx import helper
 import treadle
 
 from tests.frontend.onnx_models import affine_model, make_model, tensor
-from treadle.cli import main
+from treadle.cli import _parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -204,11 +206,11 @@ def test_info_prints_the_memory_hierarchy(capsys):
 
 
 def test_the_module_runs_as_a_command(affine):
-    result = subprocess.run([sys.executable, "-m", "treadle.cli", "show", str(affine)],
+    result = subprocess.run([sys.executable, "-m", "treadle", "show", str(affine)],
                             capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert "Sigmoid" in result.stdout
-    result = subprocess.run([sys.executable, "-m", "treadle.cli", "run", str(affine)],
+    result = subprocess.run([sys.executable, "-m", "treadle", "run", str(affine)],
                             capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 2 and "Traceback" not in result.stderr
 
@@ -228,3 +230,135 @@ def test_version_is_the_package_version():
     result = subprocess.run([sys.executable, "-m", "treadle", "--version"],
                             capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0 and result.stdout.strip() == f"treadle {treadle.__version__}"
+
+
+# ---- help, usage errors, bench and info ------------------------------------------------------
+
+def _commands() -> list[str]:
+    (commands,) = [action for action in _parser()._actions
+                   if isinstance(action, argparse._SubParsersAction)]
+    return list(commands.choices)
+
+
+@pytest.mark.parametrize("command", [None, *_commands()])
+def test_help_ends_with_examples(capsys, command):
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"] if command else ["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: treadle {command or ''}".rstrip())
+    examples = out.split("\nexamples:\n", 1)[1].splitlines()
+    assert examples and all(line.startswith(f"  treadle {command or ''}".rstrip())
+                            for line in examples), out
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "the following arguments are required: command"),
+    (["compile", "model.onnx"], "argument command: invalid choice: 'compile'"),
+    (["--verbose", "show", "model.onnx"], "unrecognized arguments: --verbose"),
+    *[([command, "--no-such-flag"], "") for command in _commands()],  # each one refuses it
+    *[([command, "model.onnx", "--no-such-flag"], "unrecognized arguments: --no-such-flag")
+      for command in ("run", "check", "show", "bench")],
+    (["info", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    *[([command], "the following arguments are required: model")
+      for command in ("run", "check", "show", "bench")],
+    (["bench", "model.onnx", "--repeat", "many"], "argument --repeat: invalid int value: 'many'"),
+    (["run", "model.onnx", "--repeat", "1.5"], "argument --repeat: invalid int value: '1.5'"),
+])
+def test_usage_errors_exit_2_with_a_message(capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert captured.err.startswith("usage: treadle")
+    assert f"error: {message}" in captured.err, captured.err
+
+
+def test_bench_prints_treadle_and_onnxruntime_latencies(affine, capsys):
+    from treadle.cli.bench import calls_per_system
+    assert main(["bench", str(affine), "--dim", "batch=3", "--repeat", "3"]) == 0
+    captured = capsys.readouterr()
+    assert re.search(r"^medians of at least 3 interleaved calls each on \d+ threads; ",
+                     captured.out, re.M)
+    treadle_ms, = re.findall(r"^treadle +(\d+\.\d{3}) ms$", captured.out, re.M)
+    reference_ms, = re.findall(r"^ONNX Runtime +(\d+\.\d{3}) ms$", captured.out, re.M)
+    ratio, = re.findall(r"^speed-up over ONNX Runtime: (\d+\.\d\d)x", captured.out, re.M)
+    assert float(treadle_ms) > 0 and float(reference_ms) > 0
+    assert float(ratio) == pytest.approx(float(reference_ms) / float(treadle_ms), rel=0.05,
+                                         abs=0.01)
+    # Off a terminal, progress is plain lines on stderr, the last one at the end.
+    calls = 2 * calls_per_system(3)
+    assert captured.err.startswith(f"compiling {affine} (--tune 0)\n")
+    assert captured.err.endswith(f"timing: {calls}/{calls} calls (100%)\n")
+
+
+def test_bench_without_onnxruntime_times_treadle_alone(affine, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime fails
+    assert main(["bench", str(affine), "--dim", "batch=3", "--repeat", "3"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^treadle +\d+\.\d{3} ms$", out, re.M)
+    assert "ONNX Runtime: not installed (pip install onnxruntime to compare)" in out
+    assert "speed-up" not in out
+
+
+def test_bench_says_why_onnxruntime_cannot_run_the_model(affine, capsys, monkeypatch):
+    def refuse(path, threads):
+        raise RuntimeError("[ONNXRuntimeError] : 10 : INVALID_GRAPH : no kernel\nat node 3")
+    monkeypatch.setattr("treadle.cli.bench.onnxruntime_session", refuse)
+    assert main(["bench", str(affine), "--dim", "batch=3", "--repeat", "3"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^treadle +\d+\.\d{3} ms$", out, re.M)
+    assert out.rstrip().endswith("ONNX Runtime: cannot run the model ([ONNXRuntimeError] : "
+                                 "10 : INVALID_GRAPH : no kernel)")
+
+
+def test_bench_draws_a_bar_on_a_terminal(affine):
+    import io
+
+    from treadle.cli.bench import bench
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    pytest.importorskip("tqdm")
+    model = treadle.compile(str(affine))
+    x = np.ones((3, 5), np.float32)
+    terminal = Terminal()
+    table = bench(model, {"x": x}, {"x": x}, str(affine), 3, progress=terminal)
+    assert "ONNX Runtime" in table
+    assert re.search(r"timing: +\d+%\|", terminal.getvalue())  # tqdm's bar
+    assert "calls (" not in terminal.getvalue()  # and no plain lines
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "{affine}", "--repeat", "0"], "--repeat 0: expected a positive number"),
+    (["bench", "{affine}"], "--dim batch=N"),
+    (["bench", "{affine}", "--dim", "batch=2", "--tune", "9"], "--tune 9: expected one of"),
+])
+def test_bench_errors_print_one_line_and_exit_2(affine, capsys, argv, message):
+    assert main([a.format(affine=affine) for a in argv]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("treadle: error: ") and message in err
+
+
+def test_info_describes_the_cpu_and_the_cache(capsys, tmp_path):
+    from treadle.config import override
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    model = re.search(r"^model name\s*:\s*(.*)$", cpuinfo, re.M)
+    flags = re.search(r"^flags\s*:\s*(.*)$", cpuinfo, re.M).group(1).split()
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "a.so").write_bytes(bytes(3 << 20))
+    (tmp_path / "record.json").write_bytes(bytes(1 << 19))
+    with override(cache_dir=tmp_path):
+        assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"^cpu: {re.escape(model.group(1).strip() if model else 'unknown')}; "
+                     rf"\d+ of \d+ cores usable, kernels run \d+ threads$", out, re.M)
+    isa = re.search(r"^isa: (.*); (16|32) vector registers$", out, re.M).group(1)
+    assert all(f in flags for f in isa.split(", ")) and ("avx2" in isa) == ("avx2" in flags)
+    # Probing the memory hierarchy may have added its own small files to the cache.
+    files = [f for f in tmp_path.rglob("*") if f.is_file()]
+    size = sum(f.stat().st_size for f in files) / 2**20
+    assert size < 3.55 and f"cache: {tmp_path}, {size:.1f} MiB in {len(files)} files " in out

@@ -21,6 +21,7 @@ shapes the program gives their tensors, and cover every tensor no step writes.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -39,6 +40,8 @@ import numpy as np
 
 from treadle.backend.build import sha256_of
 from treadle.compiler import compile_graph
+from treadle.config import override, runner_name
+from treadle.deploy import export as export_folder
 from treadle.errors import IRError, ModelError, NeedsValueError
 from treadle.graph.graph import Graph
 from treadle.graph.passes.infer_shapes import infer_shapes
@@ -92,6 +95,12 @@ class CompiledModel:
         missing, empty or a previous save (which is replaced)."""
         _save(self, Path(directory))
 
+    def export(self, directory: str | os.PathLike) -> Path:
+        """Writes a folder that runs the model from C, without Python: one shared
+        library, its header, the constants and an example program (``treadle.deploy``;
+        docs/deployment.md). ``directory`` must be missing, empty or an earlier export."""
+        return export_folder(self.executable, self.name, directory)
+
     def __repr__(self) -> str:
         return f"CompiledModel({self.name!r}, inputs={self.input_names}, " \
                f"outputs={self.output_names})"
@@ -130,7 +139,7 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
             shapes: Mapping[str, Sequence] | None = None,
             dynamic: Mapping[str, object] | None = None,
             dims: Mapping[str | int, Mapping[int, object]] | None = None,
-            orchestrate: bool = False, target: str = "cpu"
+            orchestrate: bool = False, target: str = "cpu", runner: str | None = None
             ) -> CompiledModel | SpecialisingModel:
     """Compiles an ONNX model (a file path, its serialized bytes or an ``onnx.ModelProto``),
     a treadle graph, or a ``torch.nn.Module`` in eval mode called on ``example_inputs`` (a
@@ -162,6 +171,11 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
     measures (``tune=1``) raises ``DeviceUnavailableError``, while ``"construct"`` and
     orchestration (on estimated costs) work.
 
+    ``runner`` says where tuning times its candidates (``TREADLE_RUNNER`` where not given):
+    ``"local"``, a measuring child on this machine, or ``"ray"`` / ``"ray://host:port"``,
+    the nodes of a Ray cluster with this machine's CPU (``treadle.tune.cluster``; ``pip
+    install treadle[cluster]``).
+
     An ONNX model whose shapes depend on the contents of small inputs (a Reshape's target
     shape given as a graph input) gives a ``SpecialisingModel``, compiled at the first call
     with each distinct content (``treadle.specialise``)."""
@@ -169,15 +183,18 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
         raise ValueError(f"tune={tune!r}: expected one of {', '.join(map(repr, LEVELS))}")
     strategy = "orchestrate" if orchestrate else "greedy"
     device = _target(target)
+    if runner is not None:
+        runner_name(runner)  # a name of no runner fails before anything is compiled
     ranges = _ranges(dynamic, tune)
     if _is_module(model):
         return CompiledModule(model, lambda: _compile_module(
-            model, example_inputs, dims, name, tune, shapes, ranges, strategy, device))
+            model, example_inputs, dims, name, tune, shapes, ranges, strategy, device, runner))
     if example_inputs is not None or dims is not None:
         raise TypeError("example_inputs and dims are for torch modules; an ONNX model or a "
                         "graph declares its inputs and names its dimensions")
     compile_one = functools.partial(_compile, name=name, tune=tune, shapes=shapes,
-                                    ranges=ranges, strategy=strategy, target=device)
+                                    ranges=ranges, strategy=strategy, target=device,
+                                    runner=runner)
     try:
         return compile_one(model)
     except NeedsValueError as err:
@@ -217,23 +234,27 @@ def _is_module(model) -> bool:
 
 
 def _compile_module(module: torch.nn.Module, example_inputs, dims, name: str | None,
-                    tune: int | str, shapes, ranges, strategy: str, target) -> tuple:
+                    tune: int | str, shapes, ranges, strategy: str, target,
+                    runner: str | None) -> tuple:
     """The module traced by ``torch.export`` and compiled, and how it returns its outputs
     (``frontend.torch.Returns``)."""
     from treadle.frontend.torch import from_module
     graph, returns = from_module(module, example_inputs, dims=dims, name=name)
-    return _compile(graph, name, tune, shapes, ranges, strategy, target), returns
+    return _compile(graph, name, tune, shapes, ranges, strategy, target, runner), returns
 
 
 def _compile(model, name: str | None, tune: int | str, shapes, ranges, strategy: str,
-             target) -> CompiledModel:
+             target, runner: str | None) -> CompiledModel:
     graph = _as_graph(model, name)
     if shapes:
         graph = infer_shapes(graph, shapes)
     if ranges:
         _check_symbols(graph, ranges)
-    return CompiledModel(compile_graph(graph, tune=tune, strategy=strategy,
-                                       dynamic=ranges, target=target), graph.name)
+    # The runner holds while this model compiles (a specialising model's later compiles too).
+    with override(runner=runner) if runner else contextlib.nullcontext():
+        executable = compile_graph(graph, tune=tune, strategy=strategy, dynamic=ranges,
+                                   target=target)
+    return CompiledModel(executable, graph.name)
 
 
 def _target(name: str):

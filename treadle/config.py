@@ -15,6 +15,10 @@
 | TREADLE_NVCC         | nvcc         | the CUDA compiler (nvcc)                               |
 | TREADLE_PLAN_CACHE   | plan_cache   | memory plans a model keeps, one per set of sizes (64)  |
 | TREADLE_CHECK_BOUNDS | check_bounds | check every access of lang and builder kernels (0)     |
+| TREADLE_RUNNER       | runner       | where tuning times candidates: local (default), ray,   |
+|                      |              | ray://host:port (a Ray cluster; docs/tuning.md)        |
+| TREADLE_RECORDS      | records      | the tuning record store: a directory or a .sqlite file |
+|                      |              | (default: the tuning folder of the cache directory)    |
 """
 from __future__ import annotations
 
@@ -44,6 +48,8 @@ class Config:
     nvcc: str
     plan_cache: int
     check_bounds: bool
+    runner: str
+    records: Optional[Path]
 
 
 def _positive_int(name: str, text: str) -> int:
@@ -56,10 +62,20 @@ def _positive_int(name: str, text: str) -> int:
     return value
 
 
+def runner_name(text: str, name: str = "runner") -> str:
+    """``text`` where it names a runner of tuning measurements: ``local``, ``ray`` (the
+    cluster RAY_ADDRESS names, or one already joined) or ``ray://host:port`` (a Ray
+    client address)."""
+    if text in ("local", "ray") or (text.startswith("ray://") and len(text) > len("ray://")):
+        return text
+    raise ValueError(f"{name}={text!r}: expected 'local', 'ray' or 'ray://host:port'")
+
+
 def from_environment(env=os.environ) -> Config:
     dump = env.get("TREADLE_DUMP")
     threads = env.get("TREADLE_NUM_THREADS")
     plans = env.get("TREADLE_PLAN_CACHE")
+    records = env.get("TREADLE_RECORDS")
     return Config(
         cache_dir=Path(env.get("TREADLE_CACHE_DIR") or Path.home() / ".cache" / "treadle"),
         dump_dir=Path(dump) if dump else None,
@@ -70,6 +86,8 @@ def from_environment(env=os.environ) -> Config:
         nvcc=env.get("TREADLE_NVCC") or "nvcc",
         plan_cache=_positive_int("TREADLE_PLAN_CACHE", plans) if plans else 64,
         check_bounds=env.get("TREADLE_CHECK_BOUNDS", "0") not in ("", "0"),
+        runner=runner_name(env.get("TREADLE_RUNNER") or "local", "TREADLE_RUNNER"),
+        records=Path(records) if records else None,
     )
 
 
@@ -93,9 +111,11 @@ def override(**changes) -> Iterator[Config]:
     unknown = set(changes) - known
     if unknown:
         raise TypeError(f"unknown config fields {sorted(unknown)}; known: {sorted(known)}")
-    for key in ("cache_dir", "dump_dir"):
+    for key in ("cache_dir", "dump_dir", "records"):
         if changes.get(key) is not None:
             changes[key] = Path(changes[key])
+    if "runner" in changes:
+        runner_name(changes["runner"])
     previous = config.value
     config.value = replace(previous, **changes)
     try:

@@ -67,3 +67,15 @@ class LangError(TreadleError):
 class DeviceUnavailableError(TreadleError, RuntimeError):
     """This machine cannot run GPU kernels: no driver library, no device, or a driver that
     failed to start. Building kernels (which needs only the compiler) still works."""
+
+
+class ExportError(TreadleError):
+    """A model that the C export cannot run; the message says why."""
+
+
+class DeviceMismatchError(TreadleError, RuntimeError):
+    """No worker of the cluster has the device the kernels are tuned for."""
+
+
+class RunnerUnavailableError(TreadleError, ImportError):
+    """The runner named needs a package this Python lacks (Ray, for ``ray``)."""

@@ -18,8 +18,6 @@ point) as above, and records the winner like a tuned one.
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +25,7 @@ from treadle.schedule.template import Template, default_point, valid_points
 from treadle.target import Target
 from treadle.tune.construct import construct
 from treadle.tune.measure import measure_functions
+from treadle.tune.progress import Progress
 from treadle.tune.records import Record, load_record, store_record, workload_text
 
 log = logging.getLogger(__name__)
@@ -117,30 +116,10 @@ def _measure(template: Template, name: str, points: list[tuple[Any, Any]], targe
     functions = [template.emit(resolved, name).function for _, resolved in points]
     labels = [f"of {name} ({config})" for config, _ in points]
     with measurement_progress(len(functions), name) as bar:
-        return measure_functions(functions, target=target, progress=bar.update,
-                                 labels=labels)
+        return measure_functions(functions, target=target, progress=bar, labels=labels)
 
 
-def measurement_progress(total: int, name: str):
-    """A tqdm bar (with its ETA) on a terminal (tqdm is optional); otherwise a silent stand-in."""
-    if sys.stderr.isatty() and "PYTEST_CURRENT_TEST" not in os.environ:
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            pass
-        else:
-            return tqdm(total=total, desc=f"tuning {name}", unit="config", leave=False)
-    return _Silent()
-
-
-class _Silent:
-    """What the tuner uses of a tqdm bar, doing nothing."""
-
-    def __enter__(self) -> "_Silent":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-    def update(self, n: int = 1) -> None:
-        return None
+def measurement_progress(total: int, name: str) -> Progress:
+    """Trials done, failed and the best so far: a tqdm bar on a terminal (tqdm is
+    optional), log lines otherwise (``tune.progress``)."""
+    return Progress(total, name)

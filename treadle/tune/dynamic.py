@@ -65,7 +65,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from treadle.atomic import write_json
 from treadle.dump import dump_text
 from treadle.errors import DeviceUnavailableError, ScheduleConfigError
 from treadle.ir.dtypes import index_type
@@ -75,7 +74,8 @@ from treadle.schedule.template import (Constructible, Sized, Template, default_p
                                        valid_points)
 from treadle.target import Target
 from treadle.tune.measure import SYMBOL_SIZE, measure_functions
-from treadle.tune.records import config_of, read_record, record_path, replay, workload_text
+from treadle.tune.records import (config_of, read_record, record_location, replay,
+                                  workload_text, write_record)
 
 log = logging.getLogger(__name__)
 
@@ -673,7 +673,7 @@ def _time_runs(tunings: Sequence[_Tuning], runs: Sequence[list[tuple[int, int]]]
     if not functions:
         return
     seconds = measure_functions(functions, target=tunings[0].target, sizes=sizes,
-                                labels=labels, progress=bar.update, repeats=REPEATS,
+                                labels=labels, progress=bar, repeats=REPEATS,
                                 cold=cold, budget=BUDGET_S)
     for (tuning, run), t in zip(owners, seconds):
         tuning.seconds[run] = t
@@ -779,7 +779,7 @@ def _renumbered(tree: Tree, numbers: Mapping[int, int]) -> Tree:
 # ---- records ---------------------------------------------------------------------------------
 
 def _store(workload: str, choice: DynamicChoice, model: CostModel) -> None:
-    write_json(record_path(workload), {
+    write_record(workload, {
         "format": FORMAT, "workload": workload,
         "configs": [_as_dict(c) for c in choice.configs],
         "resolved": [_as_dict(r.config) for r in choice.resolved],
@@ -804,7 +804,7 @@ def _load(workload: str, template, pattern, target) -> DynamicChoice | None:
         return None
     except (OSError, ValueError, KeyError, TypeError) as err:  # ScheduleConfigError too
         log.warning("ignoring unusable tuning record %s (%s); it will be rewritten",
-                    record_path(workload), err)
+                    record_location(workload), err)
         return None
 
 

@@ -1,13 +1,15 @@
 """Measuring candidate kernels, by the timer of their target (``TIMERS``).
 
 On the CPU, candidates are built together through the one build path
-(``runtime.build.shared_objects``: a few shared objects, compiled in parallel) and timed
-in a child process. The timing runs in a child process (``python -m treadle.tune.measure JOB``) that reports
-each candidate on its stdout as it goes, so a candidate that crashes the process or runs
-past ``timeout`` seconds is marked failed (None) and the child is restarted on the rest:
-a broken candidate never takes the tuner down. Each candidate runs once to warm up, then
-``repeats`` times on random data of the workload's concrete shape, in rounds interleaved
-with the other candidates; the median counts.
+(``runtime.build.shared_objects``: a few shared objects, compiled in parallel) and handed,
+as trials, to the runner ``config.runner`` names (``tune.runners``): a measuring child on
+this machine by default (``python -m treadle.tune.measure JOB``, the child below), which
+reports each candidate on its stdout as it goes, so a candidate that crashes the process
+or runs past ``timeout`` seconds is marked failed (None) and the child is restarted on the
+rest: a broken candidate never takes the tuner down. With ``runner="ray"`` the same child
+runs on the nodes of a Ray cluster (``tune.cluster``). Each candidate runs once to warm
+up, then ``repeats`` times on random data of the workload's concrete shape, in rounds
+interleaved with the other candidates of its child; the median counts.
 Symbolic dimensions take ``symbol_size``, or the values given per candidate.
 
 In a model a layer's weights come from memory, not cache: each call takes the next of
@@ -21,15 +23,11 @@ device, measuring raises ``DeviceUnavailableError``: what measures nothing (leve
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
-import os
 import pickle
-import queue
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -45,6 +43,9 @@ from treadle.ir.stmt import Function
 from treadle.runtime.build import build, shared_objects
 from treadle.schedule.tiling import SYMBOL_SIZE
 from treadle.target import Target
+from treadle.tune.progress import Progress
+from treadle.errors import RunnerUnavailableError
+from treadle.tune.runners import LocalRunner, Runner, Settings, Trial
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,6 @@ TIMEOUT_S = 20.0      # per candidate, warm-up and repeats together
 TIME_BUDGET_S = 1.0   # fewer repeats for a candidate slower than this in all
 ROUNDS = 3            # timing rounds, interleaved across candidates
 MAX_COPIES = 16       # argument copies cycled through to keep the data cold
-READER_JOIN_S = 5.0   # how long the pipe's reader may take to close it after the child
 
 
 def measure_functions(functions: Sequence[Function], *, target: Target,
@@ -70,7 +70,9 @@ def measure_functions(functions: Sequence[Function], *, target: Target,
     values by name (``symbol_size`` where it names none); ``cold=False`` calls each with
     the same arguments, in cache as a kernel's inputs are when the one before it has just
     written them (a flag per function where given a sequence). A candidate whose calls
-    together would take more than ``budget`` seconds is timed fewer times (3 at least)."""
+    together would take more than ``budget`` seconds is timed fewer times (3 at least).
+    A ``tune.progress.Progress`` given as ``progress`` is also told the failures and
+    times."""
     count = len(functions)
     request = Request(symbol_size, repeats, timeout, progress,
                       list(labels) if labels is not None else [""] * count,
@@ -93,38 +95,55 @@ class Request:
     budget: float
 
 
-def _time_in_child(functions: Sequence[Function], target: Target, request: Request
-                   ) -> list[float | None]:
-    """The CPU's timer: the candidates built together, timed in a child process."""
+def _time_on_cpu(functions: Sequence[Function], target: Target, request: Request
+                 ) -> list[float | None]:
+    """The CPU's timer: the candidates built together, timed by the chosen runner."""
     # A function timed at several sizes is built once.
     built: dict[Function, int] = {}
     index = [built.setdefault(_renamed(f, ""), len(built)) for f in functions]
     unique = [_renamed(f, f"candidate{k}") for k, f in enumerate(built)]
     named = [unique[k] for k in index]
-    cold_bytes = [2 * target.l3_bytes if c else 0 for c in request.cold]
-    envs = [{v: given.get(v.name, request.symbol_size) for v in _symbols(f)}
-            for f, given in zip(named, request.sizes)]
     paths = _build(unique, target) if unique else []
-    libraries = [paths[k] for k in index]
+    trials = [Trial(k, str(paths[index[k]]), f, _environment(f, given, request.symbol_size),
+                    2 * target.l3_bytes if cold else 0, label)
+              for k, (f, given, cold, label) in enumerate(zip(
+                  named, request.sizes, request.cold, request.labels))
+              if paths[index[k]] is not None]
+    settle = _settler(request.progress)
+    settle([None] * (len(named) - len(trials)))
     results: list[float | None] = [None] * len(named)
-    todo = [k for k in range(len(named)) if libraries[k] is not None]
-    request.progress(len(named) - len(todo))
-    with tempfile.TemporaryDirectory(prefix="treadle-measure-") as tmp:
-        while todo:
-            job = Path(tmp) / "job.pkl"
-            job.write_bytes(pickle.dumps({
-                "candidates": [(k, str(libraries[k]), named[k], envs[k], cold_bytes[k])
-                               for k in todo],
-                "repeats": request.repeats, "threads": config.num_threads,
-                "budget": request.budget}))
-            done = _run_child(job, results, request.timeout, request.labels)
-            if not done:  # the child died before reaching any candidate
-                log.warning("tuning: the measuring process failed to start; %d candidates "
-                            "left unmeasured", len(todo))
-                break
-            request.progress(len(done))
-            todo = [k for k in todo if k not in done]
+    if trials:
+        settings = Settings(request.repeats, config.num_threads, request.budget,
+                            request.timeout)
+        for k, seconds in runner_named(config.runner)(trials, target, settings,
+                                                      settle).items():
+            results[k] = seconds
     return results
+
+
+@functools.lru_cache(maxsize=None)  # one per name: a cluster runner keeps its connection
+def runner_named(name: str) -> Runner:
+    """The runner ``name`` stands for (``config.runner_name``)."""
+    if name == "local":
+        return LocalRunner()
+    try:
+        from treadle.tune.cluster import RayRunner  # Ray is an extra, imported when chosen
+    except ImportError as err:
+        raise RunnerUnavailableError(f"runner {name!r} needs Ray, which this Python lacks "
+                                     f"({err}); pip install 'treadle[cluster]'") from None
+    return RayRunner(name)
+
+
+def _settler(progress: Callable[[int], object]) -> Callable[[Sequence[float | None]], object]:
+    """What runners tell of settled trials, passed on to ``progress``: their times where it
+    shows them, their count otherwise."""
+    if isinstance(progress, Progress):
+        return progress.settle
+    return lambda times: progress(len(times))
+
+
+def _environment(f: Function, given: Mapping[str, int], symbol_size: int) -> dict[Var, int]:
+    return {v: given.get(v.name, symbol_size) for v in _symbols(f)}
 
 
 def _renamed(f: Function, name: str) -> Function:
@@ -169,7 +188,7 @@ def _time_on_cuda(functions: Sequence[Function], target: Target, request: Reques
     modules: dict = {}
     results: list[float | None] = []
     for function, given in zip(named, request.sizes):
-        env = {v: given.get(v.name, request.symbol_size) for v in _symbols(function)}
+        env = _environment(function, given, request.symbol_size)
         rng = np.random.default_rng(0)
         arrays = [cuda.DeviceArray.from_numpy(_random(p, env, rng))
                   for p in function.params if isinstance(p, Buffer)]
@@ -195,71 +214,7 @@ def _random(buffer: Buffer, env: Mapping[Var, int], rng: np.random.Generator) ->
 
 
 # Target kind -> its timer.
-TIMERS = {"cpu": _time_in_child, "cuda": _time_on_cuda}
-
-
-def _run_child(job: Path, results: list, timeout: float, labels: Sequence[str]) -> set[int]:
-    """Runs one child on ``job``; returns the candidates it finished or that failed."""
-    child = subprocess.Popen([sys.executable, "-m", "treadle.tune.measure", str(job)],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                             env=_child_environment())
-    lines: queue.Queue = queue.Queue()
-    reader = threading.Thread(target=_forward_lines, args=(child.stdout, lines), daemon=True)
-    reader.start()
-    done: set[int] = set()
-    current = None
-    try:
-        while True:
-            try:
-                line = lines.get(timeout=timeout)
-            except queue.Empty:
-                log.warning("tuning: candidate %s %s ran past %.0f s; skipped", current,
-                            labels[current] if current is not None else "", timeout)
-                break
-            if line is None:
-                if current is not None:
-                    log.warning("tuning: candidate %s %s crashed the measuring process "
-                                "(exit status %s); skipped", current, labels[current],
-                                child.wait())
-                break
-            word, index, *rest = line.split()
-            current = int(index)
-            if word == "time":
-                results[current] = float(rest[0])
-                done.add(current)
-                current = None
-            elif word == "ok":
-                current = None
-            elif word == "error":
-                log.warning("tuning: candidate %s %s failed: %s", current, labels[current],
-                            " ".join(rest))
-                done.add(current)
-                current = None
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.wait()
-        # The child's end of the pipe is closed now, so the reader meets the end of it and
-        # closes ours (later, where a process the child started holds it open still).
-        reader.join(timeout=READER_JOIN_S)
-    if current is not None:
-        done.add(current)
-    return done
-
-
-def _forward_lines(stream, lines: queue.Queue) -> None:
-    """Puts each line of ``stream`` on ``lines``, then None at its end, and closes it."""
-    with stream:
-        for line in stream:
-            lines.put(line)
-    lines.put(None)
-
-
-def _child_environment() -> dict[str, str]:
-    """The parent's environment, with treadle importable however the parent found it."""
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+TIMERS = {"cpu": _time_on_cpu, "cuda": _time_on_cuda}
 
 
 # ---- the child -----------------------------------------------------------------------------

@@ -1,17 +1,18 @@
 """Tuning records: the best config found for a workload, kept on disk so a second compile
 of the same model measures nothing.
 
-A record is ``<cache_dir>/tuning/<key>.json``. The key is a sha256 of the *workload*: the
+A record is a JSON text in the record store (``tune.store``: by default the file
+``<cache_dir>/tuning/<key>.json``). The key is a sha256 of the *workload*: the
 template's schedule-independent description of the problem (``Template.workload``: for
 GEMM, the operands' dtypes and shapes, the roles of the axes, the factors and the
 epilogue, names numbered by first appearance) plus what decides which config wins: the
 target's features, cache sizes, registers and threads, the tuning level, and the
 template's name and source (a rewritten template is tuned afresh). A record holds the
 chosen point of the space, the config it resolved to, and every measured point's time.
-Records are written under a temporary name and renamed into place; a record that is
+Records are written whole or not at all (``tune.store``); a record that is
 unreadable, whose workload text differs, whose config the template rejects (valid JSON
 with impossible values: a block of 0, a string) or no longer resolves to the stored
-config, is ignored with a warning naming the file, and overwritten by the next tuning. A
+config, is ignored with a warning naming where it is, and overwritten by the next tuning. A
 record therefore replays to the resolved config it stored, and to the same program.
 """
 from __future__ import annotations
@@ -25,10 +26,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from treadle.atomic import write_json
 from treadle.config import config
 from treadle.schedule.template import Template
 from treadle.target.cpu import CpuTarget
+from treadle.tune.store import SQLITE_SUFFIXES, DirectoryStore, SqliteStore, Store
 
 log = logging.getLogger(__name__)
 FORMAT = "treadle-tuning-record-2"
@@ -69,14 +70,17 @@ def load_record(workload: str, template: Template, pattern: Any, target: CpuTarg
         return None
     except (OSError, ValueError, KeyError, TypeError) as err:  # ScheduleConfigError too
         log.warning("ignoring unusable tuning record %s (%s); it will be rewritten",
-                    record_path(workload), err)
+                    record_location(workload), err)
         return None
 
 
 def read_record(workload: str, form: str) -> dict:
     """The stored JSON of ``workload``; ValueError when it was written for another
     workload or in another format."""
-    data = json.loads(record_path(workload).read_text())
+    text = record_store().read(record_key(workload))
+    if text is None:
+        raise FileNotFoundError(record_location(workload))
+    data = json.loads(text)
     if data["format"] != form or data["workload"] != workload:
         raise ValueError("written for another workload or format")
     return data
@@ -93,19 +97,34 @@ def replay(template: Template, pattern: Any, config: Any, resolved: Any, target:
     return result
 
 
-def store_record(record: Record) -> Path:
-    return write_json(record_path(record.workload), {
+def store_record(record: Record) -> None:
+    write_record(record.workload, {
         "format": FORMAT, "workload": record.workload, "config": asdict(record.config),
         "resolved": asdict(record.resolved),
         "timings": [(asdict(c), t) for c, t in record.timings]})
 
 
+def write_record(workload: str, data: dict) -> None:
+    record_store().write(record_key(workload), json.dumps(data, indent=1))
+
+
+def record_store() -> Store:
+    """The store TREADLE_RECORDS names (``config.records``): a SQLite file, another
+    directory, or by default ``records_dir()``."""
+    path = config.records
+    if path is None:
+        return DirectoryStore(records_dir())
+    return SqliteStore(path) if path.suffix in SQLITE_SUFFIXES else DirectoryStore(path)
+
+
 def records_dir() -> Path:
+    """The folder of the default store."""
     return Path(config.cache_dir) / "tuning"
 
 
-def record_path(workload: str) -> Path:
-    return records_dir() / f"{record_key(workload)}.json"
+def record_location(workload: str) -> str:
+    """Where the record of ``workload`` is, for messages."""
+    return record_store().location(record_key(workload))
 
 
 def config_of(data: dict, kind: type) -> Any:

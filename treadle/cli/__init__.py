@@ -4,13 +4,22 @@
                            [--target cpu|cuda|cuda:sm_90 [--simulate]]
     treadle check model.onnx [--input name=file.npy ...] [--dim seq=128 ...]
     treadle show model.onnx
+    treadle bench model.onnx [--input name=file.npy ...] [--dim seq=128 ...] [--repeat N]
+                             [--tune LEVEL]
+    treadle info
+    treadle export model.onnx -o DIR [--dim seq=128 ...] [--tune LEVEL] [--dynamic seq=1:512]
+    treadle tune [model.onnx [--level N] [--cluster ADDRESS]] [--import FILE] [--export FILE]
 
 ``run`` compiles the model, feeds it the given inputs (random ones otherwise: floats from
 a standard normal, integers 0 or 1, so that indices stay valid), prints each output's
 shape and a summary of its values, and the median latency over ``--repeat`` calls.
 ``check`` compares the model's outputs with ONNX Runtime's on the same inputs and, when one
 differs, names the first node whose output differs (``treadle.check``); it exits 1 then.
-``show`` summarises the model without compiling it. Errors print one line and exit 2.
+``show`` summarises the model without compiling it. ``bench`` times the model against
+ONNX Runtime (``treadle.cli.bench``). ``info`` describes the machine
+(``treadle.cli.info``). ``tune`` tunes a model's kernels into the record store, here or
+on a Ray cluster, and moves records between machines (``treadle.cli.tune``). Errors print
+one line and exit 2; so do usage errors (argparse's).
 ``python -m treadle`` is the same command.
 """
 from __future__ import annotations
@@ -30,9 +39,8 @@ from treadle.checker import ATOL, RTOL, TOLERANCES
 from treadle.errors import TreadleError
 from treadle.specialise import SpecialisingModel
 from treadle.runtime.inputs import random_input
-from treadle.target.cpu import host
-from treadle.target.memory import memory_hierarchy
 from treadle.tune.choice import LEVELS
+from treadle.cli.tune import tune
 
 EXIT_ERROR = 2
 EXIT_DIFFERS = 1  # `check` found an output that differs from the reference
@@ -50,23 +58,50 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="treadle", description="A deep-learning compiler.")
+    parser = argparse.ArgumentParser(prog="treadle", description="A deep-learning compiler.",
+                                     **_examples("treadle show model.onnx",
+                                                 "treadle run model.onnx --dim batch=8",
+                                                 "treadle bench --help   # each command's "
+                                                 "options and examples"))
     parser.add_argument("--version", action="version", version=f"treadle {__version__}")
     commands = parser.add_subparsers(required=True, metavar="command")
-    run = commands.add_parser("run", help="compile a model and run it")
-    run.add_argument("model", help="an ONNX file")
-    run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
-                     help="an input's value (default: random)")
-    run.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
-                     help="the size of a symbolic dimension of random inputs")
+    for add in (_run_parser, _check_parser, _show_parser, _info_parser, _bench_parser,
+                _export_parser, _tune_parser):
+        add(commands)
+    return parser
+
+
+def _model_options(command: argparse.ArgumentParser, inputs: bool = True,
+                   dim_help: str = "the size of a symbolic dimension of random inputs") -> None:
+    """The model file, its inputs' values (where ``inputs``) and symbolic sizes."""
+    command.add_argument("model", help="an ONNX file")
+    if inputs:
+        command.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                             help="an input's value (default: random)")
+    command.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
+                         help=dim_help)
+
+
+def _tuning_options(command: argparse.ArgumentParser, help_suffix: str = "as for run") -> None:
+    command.add_argument("--tune", default="0", metavar="LEVEL",
+                         help=f"how template schedules are chosen, {help_suffix}")
+
+
+def _dynamic_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--dynamic", action="append", default=[], metavar="SYMBOL=LO:HI",
+                         help="tune the kernels that depend on a symbolic dimension over the "
+                              "sizes LO..HI at once, with a dispatcher choosing per call")
+
+
+def _run_parser(commands) -> None:
+    run = commands.add_parser("run", help="compile a model and run it", **_examples(
+        "treadle run model.onnx --dim batch=8 --repeat 20",
+        "treadle run model.onnx --input x=x.npy --tune construct"))
+    _model_options(run)
     run.add_argument("--repeat", type=int, default=10, metavar="N",
                      help="timed calls after one warm-up call (default 10)")
-    run.add_argument("--tune", default="0", metavar="LEVEL",
-                     help="how template schedules are chosen: 0 (default), 1, 2 (measured "
-                          "spaces), construct, construct+measure")
-    run.add_argument("--dynamic", action="append", default=[], metavar="SYMBOL=LO:HI",
-                     help="tune the kernels that depend on a symbolic dimension over the "
-                          "sizes LO..HI at once, with a dispatcher choosing per call")
+    _tuning_options(run, "0 (default), 1, 2 (measured spaces), construct, construct+measure")
+    _dynamic_option(run)
     run.add_argument("--orchestrate", action="store_true",
                      help="choose the kernels by measuring candidates over the model's "
                           "primitives and solving for the cheapest set (Korch)")
@@ -77,13 +112,14 @@ def _parser() -> argparse.ArgumentParser:
                      help="with a CUDA target, run the kernels in the GPU simulator on "
                           "the CPU (slow: small models and sizes)")
     run.set_defaults(command=run_command)
+
+
+def _check_parser(commands) -> None:
     check = commands.add_parser("check", help="compare a model's outputs with ONNX Runtime's "
-                                "and find the first node that differs")
-    check.add_argument("model", help="an ONNX file")
-    check.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
-                       help="an input's value (default: random)")
-    check.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
-                       help="the size of a symbolic dimension of random inputs (default 1)")
+                                "and find the first node that differs", **_examples(
+                                    "treadle check model.onnx --dim batch=2 --rtol 1e-3"))
+    _model_options(check, dim_help="the size of a symbolic dimension of random inputs "
+                                   "(default 1)")
     check.add_argument("--rtol", type=_tolerance, default=None,
                        help=f"error allowed relative to the largest reference value "
                             f"(default by type: {RTOL:g}, float16 "
@@ -94,13 +130,76 @@ def _parser() -> argparse.ArgumentParser:
                             f"{TOLERANCES['float16'][1]:g}, bfloat16 "
                             f"{TOLERANCES['bfloat16'][1]:g})")
     check.set_defaults(command=check_command)
-    show = commands.add_parser("show", help="summarise a model without compiling it")
+
+
+def _show_parser(commands) -> None:
+    show = commands.add_parser("show", help="summarise a model without compiling it",
+                               **_examples("treadle show model.onnx"))
     show.add_argument("model", help="an ONNX file")
     show.set_defaults(command=show_command)
-    info = commands.add_parser("info", help="the CPU target and its memory hierarchy (probed "
-                               "once, then cached), and the GPU if there is one")
+
+
+def _info_parser(commands) -> None:
+    info = commands.add_parser("info", help="the CPU, its ISA extensions and memory "
+                               "hierarchy (probed once, then cached), the GPU if there is one "
+                               "and the size of treadle's cache", **_examples("treadle info"))
     info.set_defaults(command=info_command)
-    return parser
+
+
+def _bench_parser(commands) -> None:
+    bench = commands.add_parser("bench", help="a model's latency, with ONNX Runtime's beside "
+                                "it when installed", **_examples(
+                                    "treadle bench model.onnx --dim batch=8",
+                                    "treadle bench model.onnx --dim batch=1 --tune 1 --repeat 100"))
+    _model_options(bench)
+    bench.add_argument("--repeat", type=int, default=30, metavar="N",
+                       help="timed calls of each system, at least (default 30)")
+    _tuning_options(bench)
+    bench.set_defaults(command=bench_command)
+
+
+def _export_parser(commands) -> None:
+    export = commands.add_parser("export", help="compile a model into a folder that runs it "
+                                 "from C: one shared library, a header, the constants and "
+                                 "an example program", **_examples(
+                                     "treadle export model.onnx -o model_c",
+                                     "treadle export model.onnx -o model_c --dim batch=1 "
+                                     "--tune 1"))
+    _model_options(export, inputs=False,
+                   dim_help="fix a symbolic dimension to a size (the others stay symbolic, "
+                            "bound from the input shapes at each run)")
+    export.add_argument("-o", "--output", required=True, metavar="DIR",
+                        help="the folder to write (missing, empty or an earlier export)")
+    _tuning_options(export)
+    _dynamic_option(export)
+    export.set_defaults(command=export_command)
+
+
+def _tune_parser(commands) -> None:
+    tune = commands.add_parser("tune", help="tune a model's kernels into the record store, "
+                               "here or on a Ray cluster; move records between machines",
+                               **_examples("treadle tune model.onnx --level 1",
+                                           "treadle tune model.onnx --level 1 --cluster "
+                                           "ray://head:10001 --export records.jsonl",
+                                           "treadle tune --import records.jsonl"))
+    tune.add_argument("model", nargs="?", help="an ONNX file (none: only --import/--export)")
+    tune.add_argument("--level", default="1", metavar="LEVEL",
+                      help="the tuning level: 1 (default), 2, construct+measure")
+    tune.add_argument("--cluster", metavar="ADDRESS",
+                      help="measure on a Ray cluster: ray://host:port (its head's client "
+                           "port) or auto (default: TREADLE_RUNNER, else this machine)")
+    tune.add_argument("--import", dest="imported", metavar="FILE",
+                      help="first add the records of an export to the store")
+    tune.add_argument("--export", metavar="FILE",
+                      help="last write every record of the store to FILE (JSON lines)")
+    tune.set_defaults(command=tune_command)
+
+
+def _examples(*lines: str) -> dict:
+    """A parser's arguments for a --help that ends with these example command lines, kept
+    as written (argparse would otherwise run them together into one paragraph)."""
+    return {"epilog": "examples:\n" + "\n".join(f"  {line}" for line in lines),
+            "formatter_class": argparse.RawDescriptionHelpFormatter}
 
 
 def _tolerance(text: str) -> float:
@@ -122,17 +221,31 @@ def _tune_level(text: str) -> int | str:
 
 
 def info_command(args) -> None:
-    target = host()
-    print(f"target: {', '.join(target.features) or 'no SIMD extensions'}; "
-          f"{target.vector_registers} vector registers; {target.cores} threads")
-    print(memory_hierarchy().format())
-    from treadle.runtime import cuda
-    if not cuda.available():
-        print("gpu: none (no CUDA driver or device; CUDA kernels build but do not run here)")
-        return
-    gpu = cuda.device_target()
-    print(f"gpu: {cuda.device_properties()['name']} ({gpu.arch}, {gpu.sms} SMs, "
-          f"{gpu.l2_bytes >> 20} MB L2)")
+    from treadle.cli.info import describe
+    print(describe())
+
+
+def export_command(args) -> None:
+    from treadle.cli.export import export_model
+    dims = {k: _size(k, v) for k, v in _pairs(args.dim, "--dim").items()}
+    dynamic = {k: _size_range(k, v) for k, v in _pairs(args.dynamic, "--dynamic").items()}
+    print(export_model(args.model, args.output, tune=_tune_level(args.tune), dims=dims,
+                       dynamic=dynamic))
+
+
+def bench_command(args) -> None:
+    import treadle
+    from treadle.cli.bench import bench
+    if args.repeat < 1:
+        raise ValueError(f"--repeat {args.repeat}: expected a positive number")
+    print(f"compiling {args.model} (--tune {args.tune})", file=sys.stderr, flush=True)
+    model = treadle.compile(args.model, tune=_tune_level(args.tune))
+    model, inputs, given = _prepared(model, args)
+    print(bench(model, inputs, {**given, **inputs}, args.model, args.repeat))
+
+
+def tune_command(args) -> None:
+    tune(args.model, _tune_level(args.level), args.cluster, args.export, args.imported)
 
 
 # ---- run -------------------------------------------------------------------------------------
@@ -146,11 +259,7 @@ def run_command(args) -> None:
     dynamic = {k: _size_range(k, v) for k, v in _pairs(args.dynamic, "--dynamic").items()}
     model = treadle.compile(args.model, tune=_tune_level(args.tune), dynamic=dynamic or None,
                             orchestrate=args.orchestrate, target=args.target)
-    files = _pairs(args.input, "--input")
-    if isinstance(model, SpecialisingModel):  # compiled for the contents given
-        given = {n: _load(n, files.pop(n)) for n in model.value_inputs if n in files}
-        model = model.specialise(given)
-    inputs = _inputs(model, files, {k: _size(k, v) for k, v in _pairs(args.dim, "--dim").items()})
+    model, inputs, _ = _prepared(model, args)
     call = model.executable.simulate if args.simulate else model
     outputs = call(**inputs)
     times = []
@@ -161,6 +270,19 @@ def run_command(args) -> None:
     for name, value in zip(model.output_names, outputs):
         print(f"{name}: {value.dtype}{list(value.shape)} {_summary(value)}")
     print(f"median latency: {statistics.median(times) * 1e3:.3f} ms over {args.repeat} calls")
+
+
+def _prepared(model, args) -> tuple[object, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The model to call, specialised for the contents of any shape inputs given
+    (``--input``), the inputs to call it with, and those contents, which a run of the
+    original ONNX model needs besides the inputs."""
+    files = _pairs(args.input, "--input")
+    given = {}
+    if isinstance(model, SpecialisingModel):  # compiled for the contents given
+        given = {n: _load(n, files.pop(n)) for n in model.value_inputs if n in files}
+        model = model.specialise(given)
+    dims = {k: _size(k, v) for k, v in _pairs(args.dim, "--dim").items()}
+    return model, _inputs(model, files, dims), given
 
 
 # ---- check -----------------------------------------------------------------------------------
@@ -328,6 +450,3 @@ def _format_bytes(size: int) -> str:
         size /= 1024
     return f"{size:.1f} GiB"
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,280 @@
+"""The C sources of an exported model: the kernels' own, and ``model.c``.
+
+The kernels are printed again from their lowered functions (``backend.cpu.generate``), one
+source per shared object they came from. Each source defines ``treadle_set_num_threads``
+and ``treadle_set_parallel`` for its own copy of the thread count, so each is renamed
+with a suffix of its own, and ``model.c`` calls them all.
+
+``model.c`` is the model's tables (``program.Layout``) followed by the runtime
+(``runtime_source``), which reads them under these names:
+
+    N_*            counts: words, symbols, inputs, outputs, arena tensors, dims, ...
+    TENSORS        name, shape as text, dtype, word, rank, first index into SHAPES
+    SHAPES         each tensor's dimensions, as indices into the dims of a run
+    INPUTS, OUTPUTS, ARENA (tensor, first and last step), BINDS (input, axis),
+    CONSTANTS      (word, offset into the payload of constants.bin)
+    OUTPUT_SOURCES the word an output is copied from (an input or constant), or -1
+    compute_dims   every dimension from the symbols' values
+    run_steps      every kernel call and output copy, in order
+    STEPS          each kernel call's name, assert messages and reported value
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Sequence
+
+from treadle.backend.c import CPrinter, c_name, c_string, fault_symbol, messages_symbol
+from treadle.backend.c_prelude import Prelude
+from treadle.backend.cpu import generate
+from treadle.deploy.header import DTYPES, HEADER_NAME
+from treadle.deploy.program import Copy, KernelCall, Layout, symbols_of
+from treadle.deploy.runtime_source import RUNTIME
+from treadle.ir.dtypes import BY_NAME, int64
+from treadle.ir.expr import Const
+from treadle.ir.stmt import Evaluate, Function
+
+# Instruction sets the kernels may use, by treadle's name: GCC's name for them.
+GCC_FEATURES = {"avx": "avx", "avx2": "avx2", "fma": "fma", "f16c": "f16c",
+                "avx512f": "avx512f", "avx512vl": "avx512vl", "avx512bw": "avx512bw",
+                "avx512dq": "avx512dq", "avx512_vnni": "avx512vnni", "avx_vnni": "avxvnni",
+                "avx512_bf16": "avx512bf16", "avx512_fp16": "avx512fp16"}
+
+PREAMBLE = """\
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+"""
+
+TABLE_TYPES = """\
+typedef void (*treadle_loop_body)(void *ctx, int64_t begin, int64_t end);
+typedef void (*treadle_parallel_fn)(int64_t n, treadle_loop_body body, void *ctx,
+                                    int32_t threads);
+void treadle_parallel_for(int64_t n, treadle_loop_body body, void *ctx, int32_t threads);
+void treadle_pool_configure(int32_t pin, const int32_t *cpus, int32_t count, int64_t spin_us);
+
+struct tensor { const char *name, *spelled; int32_t dtype, word, rank, shape; };
+struct arena_entry { int32_t tensor, first, last; };
+struct bind { int32_t input, axis; };
+struct constant { int32_t word; int64_t offset; };
+struct step_info { const char *name; const char *const *messages; const int64_t *fault; };
+"""
+
+
+def kernel_sources(layout: Layout) -> list[tuple[str, list[Function]]]:
+    """One C source per shared object the kernels came from, with the functions it
+    defines, its thread setters renamed by its position."""
+    groups: dict[object, list[Function]] = {}
+    for step in layout.steps:
+        if isinstance(step, KernelCall):
+            functions = groups.setdefault(step.kernel.path, [])
+            if step.kernel.function not in functions:
+                functions.append(step.kernel.function)
+    sources = []
+    for k, functions in enumerate(groups.values()):
+        renames = "".join(f"#define {name} {name}_{k}\n"
+                          for name in ("treadle_set_num_threads", "treadle_set_parallel"))
+        sources.append((renames + generate(functions), functions))
+    return sources
+
+
+def model_source(layout: Layout, objects: Sequence[tuple[str, list[Function]]],
+                 version: str, offsets: dict[int, int], payload_bytes: int, crc: int,
+                 features: Sequence[str]) -> tuple[str, str]:
+    """``model.c`` and the model's id (a hash of its tables and kernels, which the
+    constants file must carry)."""
+    prelude = Prelude()
+    dims = _dims_function(layout, prelude)
+    body = "\n".join([
+        TABLE_TYPES, _declarations(objects), _counts(layout, payload_bytes, crc),
+        _tensor_tables(layout), _constants_table(offsets), _info_tables(layout),
+        _dim_notes(layout), dims, _steps_table(layout, objects), _run_steps(layout),
+        _threads(len(objects)), _cpu_check(features)])
+    identity = hashlib.sha256(body.encode())
+    for source, _ in objects:
+        identity.update(source.encode())
+    model_id = identity.hexdigest()[:31]
+    text = "\n".join([
+        "/* Generated by treadle: the tables of one exported model and its runtime. */",
+        PREAMBLE + prelude.text(), f'#include "{HEADER_NAME}"', "",
+        f"static const char MODEL_ID[] = {c_string(model_id)};", body, RUNTIME])
+    return text, model_id
+
+
+def _declarations(objects) -> str:
+    """The kernels as the runtime calls them: every argument a 64-bit word (an address or
+    an int64 size), as the step runner calls them too."""
+    lines = []
+    for source, functions in objects:
+        for f in functions:
+            params = ", ".join("int64_t" if p in f.symbols else "void *" for p in f.params)
+            lines.append(f"int32_t {c_name(f)}({params or 'void'});")
+            lines.append(f"extern const char *{messages_symbol(f)}[];")
+            if f"int64_t {fault_symbol(f)};" in source:
+                lines.append(f"extern int64_t {fault_symbol(f)};")
+    return "\n".join(lines) + "\n"
+
+
+def _counts(layout: Layout, payload_bytes: int, crc: int) -> str:
+    counts = {"N_WORDS": layout.words, "N_SYMBOLS": len(layout.symbols),
+              "N_INPUTS": len(layout.inputs), "N_OUTPUTS": len(layout.outputs),
+              "N_ARENA": len(layout.arena), "N_CONSTANTS": len(layout.constants),
+              "N_DIMS": len(layout.dims)}
+    lines = [f"enum {{ {name} = {value} }};" for name, value in counts.items()]
+    lines += [f"#define PAYLOAD_BYTES {payload_bytes}ULL", f"#define PAYLOAD_CRC32 {crc}ULL"]
+    lines.append("static const char *const DTYPE_NAMES[] = {"
+                 + ", ".join(c_string(d) for d in DTYPES) + "};")
+    lines.append("static const size_t DTYPE_SIZES[] = {"
+                 + ", ".join(str(BY_NAME[d].numpy.itemsize) for d in DTYPES) + "};")
+    return "\n".join(lines) + "\n"
+
+
+def _array(ctype: str, name: str, items: Sequence[str]) -> str:
+    rows = "".join(f"    {item},\n" for item in items)
+    return f"static const {ctype} {name}[] = {{\n{rows}}};\n"
+
+
+def _spelled(layout: Layout, shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(layout.dims[d]) for d in shape) + "]"
+
+
+def _tensor_tables(layout: Layout) -> str:
+    shapes, tensors = [], []
+    for t in layout.tensors:
+        tensors.append(f"{{{c_string(t.name)}, {c_string(_spelled(layout, t.shape))}, "
+                       f"{t.dtype}, {t.word}, {len(t.shape)}, {len(shapes)}}}")
+        shapes += [str(d) for d in t.shape]
+    return "".join([
+        _array("struct tensor", "TENSORS", tensors),
+        _array("int32_t", "SHAPES", shapes),
+        _array("int32_t", "INPUTS", [str(k) for k in layout.inputs]),
+        _array("int32_t", "OUTPUTS", [str(k) for k in layout.outputs]),
+        _array("int32_t", "OUTPUT_SOURCES", [str(k) for k in layout.output_sources]),
+        _array("struct arena_entry", "ARENA", [f"{{{t}, {a}, {b}}}" for t, a, b in layout.arena]),
+        _array("struct bind", "BINDS", [f"{{{k}, {a}}}" for k, a in layout.binds]),
+        "static const char INPUT_NAMES[] = "
+        + c_string(", ".join(layout.tensors[k].name for k in layout.inputs)) + ";\n",
+        "static const char OUTPUT_NAMES[] = "
+        + c_string(", ".join(layout.tensors[k].name for k in layout.outputs)) + ";\n"])
+
+
+def _constants_table(offsets: dict[int, int]) -> str:
+    return _array("struct constant", "CONSTANTS",
+                  [f"{{{word}, {offset}}}" for word, offset in offsets.items()])
+
+
+def _info_tables(layout: Layout) -> str:
+    """``treadle_tensor_info`` of each input and output, for the queries."""
+    parts = []
+    for kind, tensors in (("INPUT", layout.inputs), ("OUTPUT", layout.outputs)):
+        infos = []
+        for k, index in enumerate(tensors):
+            t = layout.tensors[index]
+            dims = [layout.dims[d] for d in t.shape]
+            parts.append(_array("int64_t", f"{kind}_DIMS_{k}",
+                                [str(d) if isinstance(d, int) else "-1" for d in dims]))
+            parts.append(_array("char *const", f"{kind}_DIM_NAMES_{k}",
+                                [c_string(str(d)) for d in dims]))
+            infos.append(f"{{{c_string(t.name)}, {t.dtype}, {len(dims)}, {kind}_DIMS_{k}, "
+                         f"(const char *const *){kind}_DIM_NAMES_{k}}}")
+        parts.append(_array("treadle_tensor_info", f"{kind}_INFO", infos))
+    return "".join(parts)
+
+
+def _dim_notes(layout: Layout) -> str:
+    """What a symbolic dimension is, for the message of an input that contradicts it."""
+    notes = []
+    for dim in layout.dims:
+        names = sorted(symbols_of(dim), key=lambda v: v.name)
+        where = "; ".join(f"{v.name} is dimension {layout.binds[layout.symbols.index(v)][1]} "
+                          f"of input '{_input_name(layout, v)}'" for v in names)
+        notes.append(c_string(f" ({dim}, where {where})" if names else ""))
+    return _array("char *const", "DIM_NOTES", notes)
+
+
+def _input_name(layout: Layout, var) -> str:
+    k = layout.binds[layout.symbols.index(var)][0]
+    return layout.tensors[layout.inputs[k]].name
+
+
+def _dims_function(layout: Layout, prelude: Prelude) -> str:
+    """``compute_dims``: each dimension as C over the symbols' values."""
+    printer = CPrinter(Function("compute_dims", tuple(layout.symbols),
+                                Evaluate(Const(0, int64))), prelude)
+    for var in layout.symbols:
+        printer.param(var)
+    # The parameters' names are reserved, so no symbol's local can hide them.
+    lines = [f"    const int64_t {printer.name_of(v)} = treadle_s[{k}];"
+             for k, v in enumerate(layout.symbols)]
+    lines += [f"    treadle_d[{k}] = {d if isinstance(d, int) else printer.text_as(d, int64)};"
+              for k, d in enumerate(layout.dims)]
+    return "\n".join([
+        "static void compute_dims(const int64_t *treadle_s, int64_t *treadle_d) {",
+        "    (void)treadle_s;", *lines, "}", ""])
+
+
+def _steps_table(layout: Layout, objects) -> str:
+    faults = {fault_symbol(f) for source, functions in objects for f in functions
+              if f"int64_t {fault_symbol(f)};" in source}
+    rows = []
+    for step in layout.steps:
+        if isinstance(step, KernelCall):
+            f = step.kernel.function
+            fault = f"&{fault_symbol(f)}" if fault_symbol(f) in faults else "NULL"
+            rows.append(f"{{{c_string(step.step)}, (const char *const *){messages_symbol(f)}, "
+                        f"{fault}}}")
+    return _array("struct step_info", "STEPS", rows)
+
+
+def _run_steps(layout: Layout) -> str:
+    lines = ["#define WORD(k) ((void *)(intptr_t)w[k])",
+             "static int32_t run_steps(const int64_t *w, const int64_t *s, "
+             "const int64_t *bytes, int32_t *failed) {",
+             "    int32_t status;", "    (void)s;", "    (void)bytes;", "    (void)status;"]
+    calls = 0
+    for step in layout.steps:
+        if isinstance(step, Copy):
+            lines.append(f"    memcpy(WORD({step.target}), WORD({step.source}), "
+                         f"(size_t)bytes[{step.output}]);")
+            continue
+        args = [f"WORD({w})" for w in step.words] + [f"s[{v}]" for v in step.symbols]
+        lines.append(f"    if ((status = {c_name(step.kernel.function)}({', '.join(args)})) "
+                     f"!= 0) {{ *failed = {calls}; return status; }}")
+        calls += 1
+    return "\n".join([*lines, "    return 0;", "}", ""])
+
+
+def _threads(objects: int) -> str:
+    lines = []
+    for k in range(objects):
+        lines.append(f"void treadle_set_num_threads_{k}(int threads);")
+        lines.append(f"void treadle_set_parallel_{k}(treadle_parallel_fn run);")
+    lines.append("static void set_threads(int32_t threads) {")
+    lines += [f"    treadle_set_num_threads_{k}(threads);" for k in range(objects)]
+    lines += ["    (void)threads;", "}", "static void set_parallel(treadle_parallel_fn run) {"]
+    lines += [f"    treadle_set_parallel_{k}(run);" for k in range(objects)]
+    return "\n".join([*lines, "    (void)run;", "}", ""])
+
+
+def _cpu_check(features: Sequence[str]) -> str:
+    lines = ["static const char *missing_cpu_feature(void) {", "    __builtin_cpu_init();"]
+    for feature in features:
+        if feature in GCC_FEATURES:
+            name = c_string(GCC_FEATURES[feature])
+            lines.append(f"    if (!__builtin_cpu_supports({name})) return {name};")
+    return "\n".join([*lines, "    return NULL;", "}", ""])
+
+
+def write_sources(folder: Path, sources: dict[str, str]) -> list[Path]:
+    """Writes each named source into ``folder``; their paths."""
+    paths = []
+    for name, text in sources.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+        paths.append(folder / name)
+    return paths

@@ -45,8 +45,9 @@ def reference_conv_bn_relu(x, padding, w, scale, shift, mean, var):
 def test_conv_bn_relu_is_one_kernel(channels, size, padding):
     graph, params = conv_bn_relu(channels, size, padding)
     exe = compile_graph(graph)
-    # A padded convolution reads a padded copy of its input (see canonicalize).
-    assert kernels(exe) == ["conv/pad"] * (padding > 0) + ["conv"]
+    # A padded convolution reads a padded copy of its input (see canonicalize), made
+    # channels-last: the transposition pads as it stores.
+    assert kernels(exe) == ["conv/to_nhwc"] * (padding > 0) + ["conv"]
     x = random_array([1, 3, size, size], seed=6)
     assert_close(exe(x)[0], reference_conv_bn_relu(x, padding, *params), reduction=27)
 

@@ -78,10 +78,10 @@ CHECKING = frozenset({"CheckIndices"})
 ON_HOST = frozenset({"Loop"})
 
 
-# The most buffers epilogues grow a kernel to. The step runner calls kernels of up to 48
-# parameters, and the C compiler's time on one body grows faster than its length: an
-# exporter's recurrence unrolled over 256 steps, each step stored, made one kernel of 768
-# buffers that took gcc 15 s; in kernels of 40 it takes a time linear in the steps.
+# The most buffers epilogues grow a kernel to. The C compiler's time on one body grows
+# faster than its length: an exporter's recurrence unrolled over 256 steps, each step
+# stored, made one kernel of 768 buffers that took gcc 15 s; in kernels of 40 it takes a
+# time linear in the steps (and each is one the step runner calls).
 MAX_BUFFERS = 40
 
 
@@ -236,7 +236,8 @@ class _Partitioner:
         # The first and last graph positions of each group of several operators that
         # kept its members since (see _floor).
         self.spans: dict[int, tuple[int, int]] = {}
-        self.groups: list[Group] = []  # every group made, absorbed ones too
+        # The groups of several operators, by id: those whose spans can hold a floor.
+        self.fused: dict[int, Group] = {}
         # Dequantisations left to their reader to compute (see _drop_leaving_dequantized).
         self.recomputed: set[int] = set()
 
@@ -246,7 +247,6 @@ class _Partitioner:
             if id(op) not in self.group_of:
                 group = Group(op)
                 self._join(op, group)
-                self.groups.append(group)
                 if not group.is_view and id(op) not in self.recomputed:
                     self._grow_epilogues(group)
                 groups.append(group)
@@ -259,14 +259,20 @@ class _Partitioner:
         return self._execution_order(groups)
 
     def _join(self, op: Operator, group: Group) -> None:
+        """``op`` moves to ``group``, whose lists hold it already."""
         self._leave(op)
         self.group_of[id(op)] = group
         self.spans.pop(id(group), None)
+        if group.prologues or group.epilogues:
+            self.fused[id(group)] = group
 
     def _leave(self, op: Operator) -> None:
         left = self.group_of.pop(id(op), None)
         if left is not None:
             self.spans.pop(id(left), None)
+            if not (left.prologues or left.epilogues) or \
+                    self.group_of.get(id(left.anchor)) is not left:
+                self.fused.pop(id(left), None)
 
     # ---- epilogues -----------------------------------------------------------------------
     def _grow_epilogues(self, group: Group) -> None:
@@ -430,8 +436,7 @@ class _Partitioner:
         operator is at ``first``). Producers precede their readers in graph order, so a
         walk up the inputs only climbs back above a position through a group spanning
         it; lowered past every such span, nothing below can reach the group."""
-        groups = {id(g): g for g in self.groups if (g.prologues or g.epilogues) and
-                  g is not group and self.group_of.get(id(g.anchor)) is g}
+        groups = {key: g for key, g in self.fused.items() if g is not group}
         for key, g in groups.items():
             if key not in self.spans:
                 where = [self.position[id(op)] for op in g.ops]

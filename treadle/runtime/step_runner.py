@@ -18,7 +18,7 @@ from pathlib import Path
 from treadle.backend.cpu import build
 from treadle.backend.elf import open_library
 
-MAX_ARITY = 48  # kernels with more parameters are called from Python
+MAX_ARITY = 128  # kernels with more parameters are called from Python
 ENTRY = "treadle_run_steps"
 
 

@@ -23,7 +23,8 @@ def test_dump_writes_numbered_ir_and_source(tmp_path):
         compile_function(program("scale"))
     ir = sorted(p.name for p in (tmp_path / "scale" / "ir").iterdir())
     assert ir == ["00_input.txt", "01_lower_mapping.txt", "02_split_barriers.txt",
-                  "03_simplify.txt", "04_hoist.txt", "05_widen_half.txt"]
+                  "03_simplify.txt", "04_hoist.txt", "05_unswitch.txt",
+                  "06_widen_half.txt"]
     assert "spatial(1, 4)" in (tmp_path / "scale" / "ir" / "00_input.txt").read_text()
     assert "for" in (tmp_path / "scale" / "ir" / "03_simplify.txt").read_text()
     assert "treadle_parallel_for(" in (tmp_path / "scale" / "kernel.c").read_text()

@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1] / "treadle"
 # Where a target is named by kind, its device's executable checked, or the host CPU taken
 # by default: the targets, the code generators and runtimes per target, and the public
 # entry points.
-TARGET_AWARE = ("target/", "backend/", "runtime/", "api.py", "cli.py", "compiler.py",
-                "integrations/")
+TARGET_AWARE = ("target/", "backend/", "runtime/", "api.py", "cli/", "compiler.py",
+                "integrations/", "deploy/")
 TARGET_BRANCH = re.compile(r'kind\s*[!=]=\s*"(cpu|cuda)"|isinstance\([^)]*CudaExecutable'
                            r'|\bor host\(\)')
 MAX_FUNCTION_LINES = 60

@@ -13,7 +13,6 @@
 from treadle import lang
 from treadle.api import CompiledModel, compile, load
 from treadle.checker import check
-
-__version__ = "0.1.0"
+from treadle.version import __version__
 
 __all__ = ["CompiledModel", "check", "compile", "lang", "load", "__version__"]

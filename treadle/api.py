@@ -166,25 +166,20 @@ def compile(model: str | os.PathLike | bytes | onnx.ModelProto | Graph | torch.n
     never worse than the default fusion by measurement.
 
     ``target`` is ``"cpu"`` (this machine's processor) or ``"cuda"``: CUDA C for this
-    machine's GPU, or where it has none for an sm_80 GPU (``"cuda:sm_90"`` names the
-    architecture). It builds anywhere nvcc is and runs where a GPU is; without one, what
-    measures (``tune=1``) raises ``DeviceUnavailableError``, while ``"construct"`` and
-    orchestration (on estimated costs) work.
+    machine's GPU, or an sm_80 one where it has none (``"cuda:sm_90"`` names it). It builds
+    wherever nvcc is; without a GPU, what measures (``tune=1``) raises
+    ``DeviceUnavailableError``, while ``"construct"`` and orchestration work.
 
-    ``runner`` says where tuning times its candidates (``TREADLE_RUNNER`` where not given):
-    ``"local"``, a measuring child on this machine, or ``"ray"`` / ``"ray://host:port"``,
-    the nodes of a Ray cluster with this machine's CPU (``treadle.tune.cluster``; ``pip
-    install treadle[cluster]``).
+    ``runner`` (``TREADLE_RUNNER`` where not given) is where tuning times candidates:
+    ``"local"``, or a Ray cluster's nodes with this CPU, ``"ray"`` or ``"ray://host:port"``.
 
     An ONNX model whose shapes depend on the contents of small inputs (a Reshape's target
     shape given as a graph input) gives a ``SpecialisingModel``, compiled at the first call
     with each distinct content (``treadle.specialise``)."""
     if tune not in LEVELS:
         raise ValueError(f"tune={tune!r}: expected one of {', '.join(map(repr, LEVELS))}")
-    strategy = "orchestrate" if orchestrate else "greedy"
-    device = _target(target)
-    if runner is not None:
-        runner_name(runner)  # a name of no runner fails before anything is compiled
+    strategy, device = "orchestrate" if orchestrate else "greedy", _target(target)
+    runner = None if runner is None else runner_name(runner)  # checked before compiling
     ranges = _ranges(dynamic, tune)
     if _is_module(model):
         return CompiledModule(model, lambda: _compile_module(

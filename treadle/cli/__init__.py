@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from treadle import __version__
+from treadle.version import __version__
 from treadle.checker import ATOL, RTOL, TOLERANCES
 from treadle.errors import TreadleError
 from treadle.specialise import SpecialisingModel

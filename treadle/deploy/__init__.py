@@ -26,6 +26,7 @@ from treadle.deploy.model_source import kernel_sources, model_source, write_sour
 from treadle.deploy.program import Layout, layout
 from treadle.errors import ExportError
 from treadle.runtime.executor import Executable
+from treadle.version import __version__
 from treadle.runtime.pool import SOURCE as POOL_SOURCE
 from treadle.target.cpu import host
 
@@ -38,7 +39,6 @@ def export(executable: Executable, name: str, directory: str | os.PathLike) -> P
     """Writes the exported folder of ``executable`` (a model called ``name``) into
     ``directory``, which must be missing, empty or an earlier export (replaced);
     ExportError where C cannot run the model."""
-    from treadle import __version__  # set after treadle's __init__ imports this module
     tables = layout(executable)
     folder = Path(directory)
     _check_target(folder)

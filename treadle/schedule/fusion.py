@@ -199,16 +199,24 @@ def _apply_epilogues(body: Stmt, plan: KernelPlan, buffers: _TensorBuffers) -> S
             raise FusionError(f"the schedule of {plan.anchor.name!r} stores vectors")
         var = Var(next(fresh), anchor.dtype)
         env = {**dict(zip(axes, node.indices)), stored: var}
-        lets = []
-        for result, value in definitions:
-            env[result] = substitute(value, env)
-            if result in shared:
-                lets.append(Let(Var(next(fresh), result.dtype), env[result]))
-                env[result] = lets[-1].var
+        lets = _evaluated(definitions, shared, env, fresh)
         writes = [Store(buffers.of(t), tuple(substitute(i, env) for i in index_of[id(t)]),
                         env[values[id(t)]]) for t in plan.outputs]
         return Seq((Let(var, node.value), *lets, *writes))
     return Seq((*borders, rewrite(body, visit), *folded))
+
+
+def _evaluated(definitions: Sequence[tuple[Var, Expr]], shared: set[Var],
+               env: dict[Var, Expr], fresh: Iterator[str]) -> list[Let]:
+    """Puts each epilogue result's value at one stored element into ``env``: a variable
+    bound by the let returned for it where it is read twice, its expression otherwise."""
+    lets = []
+    for result, value in definitions:
+        env[result] = substitute(value, env)
+        if result in shared:
+            lets.append(Let(Var(next(fresh), result.dtype), env[result]))
+            env[result] = lets[-1].var
+    return lets
 
 
 def _read_twice(definitions: Sequence[tuple[Var, Expr]], stored: Sequence[Expr]) -> set[Var]:

@@ -49,6 +49,7 @@ PREAMBLE = """\
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 """
 
 TABLE_TYPES = """\

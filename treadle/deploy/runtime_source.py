@@ -15,6 +15,22 @@ RUNTIME = r"""
 /* ---- the runtime: the same for every model ------------------------------------------ */
 
 enum { ALIGN = 64, HEADER_BYTES = 128, SPIN_US = 5000, MAGIC_BYTES = 8, TEXT_BYTES = 32 };
+
+/* Buffers of a few MB (weights, a CNN's arena) go on 2 MB pages where the kernel allows
+   it, as numpy's large arrays do for the Python runtime: on 4 KB pages the layers' weight
+   and activation reads missed the TLB (ResNet-50 ran 8% slower than from Python). */
+enum { HUGE_PAGE = 2 << 20, HUGE_FROM = 4 << 20 };
+
+static int allocate(void **memory, size_t bytes) {
+    size_t align = bytes >= HUGE_FROM ? HUGE_PAGE : ALIGN;
+    if (posix_memalign(memory, align, bytes) != 0)
+        return -1;
+#ifdef MADV_HUGEPAGE
+    if (bytes >= HUGE_FROM)
+        madvise(*memory, bytes, MADV_HUGEPAGE);
+#endif
+    return 0;
+}
 static const char MAGIC[MAGIC_BYTES] = "TREADLEK";
 
 struct context {                 /* one run's scratch memory */
@@ -175,7 +191,7 @@ static int read_constants(FILE *file, const char *path, void **payload,
         return fail(error, TREADLE_ERROR_FILE, "%s: damaged (its header gives %llu bytes of "
                     "constants, the model has %llu)", path, (unsigned long long)size,
                     (unsigned long long)PAYLOAD_BYTES);
-    if (posix_memalign(payload, ALIGN, size + 1) != 0)
+    if (allocate(payload, size + 1) != 0)
         return fail(error, TREADLE_ERROR_MEMORY, "%s: no memory for %llu bytes of constants",
                     path, (unsigned long long)size);
     size_t got = fread(*payload, 1, size, file);
@@ -469,7 +485,7 @@ static int reserve(struct context *c, int64_t bytes) {
     free(c->arena);
     c->arena = NULL;
     c->arena_bytes = 0;
-    if (posix_memalign(&c->arena, ALIGN, (size_t)bytes) != 0)
+    if (allocate(&c->arena, (size_t)bytes) != 0)
         return TREADLE_ERROR_MEMORY;
     c->arena_bytes = (size_t)bytes;
     return TREADLE_OK;

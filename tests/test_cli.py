@@ -354,7 +354,7 @@ def test_info_describes_the_cpu_and_the_cache(capsys, tmp_path):
     with override(cache_dir=tmp_path):
         assert main(["info"]) == 0
     out = capsys.readouterr().out
-    assert re.search(rf"^cpu: {re.escape(model.group(1).strip() if model else 'unknown')}; "
+    assert re.search(rf"^cpu: {re.escape(model.group(1).strip() if model else 'unknown CPU')}; "
                      rf"\d+ of \d+ cores usable, kernels run \d+ threads$", out, re.M)
     isa = re.search(r"^isa: (.*); (16|32) vector registers$", out, re.M).group(1)
     assert all(f in flags for f in isa.split(", ")) and ("avx2" in isa) == ("avx2" in flags)

@@ -10,23 +10,13 @@ from pathlib import Path
 
 from treadle.config import config, usable_cores
 from treadle.runtime import cuda
-from treadle.target.cpu import host
+from treadle.target.cpu import cpu_model, host
 from treadle.target.memory import memory_hierarchy
 
 
 def describe() -> str:
     """The text of ``treadle info``."""
     return "\n".join([_cpu(), memory_hierarchy().format(), _gpu(), _cache()])
-
-
-def cpu_model() -> str:
-    """The CPU's model name as /proc/cpuinfo gives it ("unknown" where it does not)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return "unknown"
-    return next((line.split(":", 1)[1].strip() for line in lines
-                 if line.startswith("model name")), "unknown")
 
 
 def _cpu() -> str:

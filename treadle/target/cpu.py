@@ -82,15 +82,27 @@ class CpuTarget:
         return memory_hierarchy() if self == host() else defaults(self)
 
 
-def _cpu_flags() -> set[str]:
+def _cpuinfo(field: str) -> str | None:
+    """The value of the first ``field`` line of /proc/cpuinfo (None where there is none)."""
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+        return None
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() == field:
+            return value.strip()
+    return None
+
+
+def _cpu_flags() -> set[str]:
+    return set((_cpuinfo("flags") or "").split())
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_model() -> str:
+    """This machine's CPU model name, as /proc/cpuinfo gives it."""
+    return _cpuinfo("model name") or "unknown CPU"
 
 
 def _cache_sizes() -> dict[int, int]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from treadle.atomic import write_json
 from treadle.config import config
-from treadle.target.cpu import CpuTarget, host
+from treadle.target.cpu import CpuTarget, cpu_model, host
 
 log = logging.getLogger(__name__)
 FORMAT = "treadle-memory-1"
@@ -149,14 +149,7 @@ def _registers(target: CpuTarget, l1: Level, gflops: float) -> Level:
 
 
 def _machine_key(target: CpuTarget) -> str:
-    model = ""
-    try:
-        model = next((line.split(":", 1)[1].strip() for line in
-                      Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), "")
-    except OSError:
-        pass
-    identity = json.dumps([model, list(target.features), target.l1d_bytes, target.l2_bytes,
+    identity = json.dumps([cpu_model(), list(target.features), target.l1d_bytes, target.l2_bytes,
                            target.l3_bytes, PROBE_SOURCE])
     return hashlib.sha256(identity.encode()).hexdigest()[:16]
 

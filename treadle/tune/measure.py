@@ -36,7 +36,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from treadle.config import config
-from treadle.errors import CompileError, DeviceUnavailableError, TreadleError
+from treadle.errors import (CompileError, DeviceUnavailableError, RunnerUnavailableError,
+                            TreadleError)
 from treadle.ir.expr import Buffer, Var
 from treadle.ir.functor import evaluate, free_vars
 from treadle.ir.stmt import Function
@@ -44,7 +45,6 @@ from treadle.runtime.build import build, shared_objects
 from treadle.schedule.tiling import SYMBOL_SIZE
 from treadle.target import Target
 from treadle.tune.progress import Progress
-from treadle.errors import RunnerUnavailableError
 from treadle.tune.runners import LocalRunner, Runner, Settings, Trial
 
 log = logging.getLogger(__name__)

@@ -31,6 +31,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 from treadle.ir.expr import Var
 from treadle.ir.stmt import Function
 from treadle.target import Target
+from treadle.target.cpu import cpu_model
 
 log = logging.getLogger(__name__)
 
@@ -186,15 +187,3 @@ def device_key(target: Target) -> str:
     machine's CPU model and the instruction-set extensions the kernels use."""
     return f"{cpu_model()} [{' '.join(target.features) or 'no SIMD extensions'}]"
 
-
-def cpu_model() -> str:
-    """The CPU's model name, from /proc/cpuinfo."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return "unknown CPU"
-    for line in lines:
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            return value.strip()
-    return "unknown CPU"

@@ -106,10 +106,10 @@ def by_taps(node: Operator, inputs: list) -> Optional[Tensor]:
     if sizes is None:
         return None
     rank = len(sizes.out)
-    taps = [t for t in itertools.product(*(range(k) for k in sizes.kernel))
-            if all(_reaches(sizes.image[a], sizes.out[a], sizes.strides[a],
-                            t[a] * sizes.dilations[a] - sizes.pads[a]) for a in range(rank))]
-    reached = [[sizes.reached(a, t[a]) for a in range(rank)] for t in taps]
+    every = {t: [sizes.reached(a, t[a]) for a in range(rank)]
+             for t in itertools.product(*(range(k) for k in sizes.kernel))}
+    taps = [t for t, r in every.items() if all(first <= last for first, last in r)]
+    reached = [every[t] for t in taps]
     work = sum(math.prod(last - first + 1 for first, last in r) for r in reached)
     live = math.prod(sizes.out) * math.prod(len({t[a] for t in taps}) for a in range(rank))
     products = inputs[1].shape[0] * inputs[1].shape[1]  # multiply-adds per tap and output

@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import treadle  # noqa: E402,F401  (registers the backend's converters)
+from treadle.errors import KernelError  # noqa: E402
 
 F = torch.nn.functional
 EXACT = {"rtol": 0, "atol": 0}  # copies, gathers and scatters of one value
@@ -181,11 +182,35 @@ def test_repeat_interleave_of_known_output_size(repeats):
     _matches(lambda r: torch.repeat_interleave(r, output_size=total), repeats)
 
 
-def test_repeat_interleave_of_unknown_output_size_runs_alone_in_eager():
-    """The sum of repeats has no bound that the inputs' sizes give, which a size found in
-    the data needs: the op runs in eager, not the graph around it."""
-    _matches(lambda x, r: x.repeat_interleave(r, dim=1) * 2, torch.randn(2, 3, 5),
-             torch.tensor([0, 1, 2]), eager=("aten.repeat_interleave.Tensor (1 node)",))
+@pytest.mark.parametrize("repeats", [[0, 1, 2], [3, 0, 0, 1, 5], [0, 0, 0], [7], []])
+def test_repeat_interleave_of_a_size_found_in_the_data(repeats):
+    """Without ``output_size`` the output's size is the sum of the repeats, which no
+    input's size bounds: the graph finds it when it runs (FoundSum) and allocates what it
+    sizes then, compiling the whole function, the shapes that follow from it included."""
+    x = torch.randn(2, len(repeats), 5)
+    repeats = torch.tensor(repeats, dtype=torch.int64)
+    _matches(lambda x, r: x.repeat_interleave(r, dim=1) * 2, x, repeats)
+    _matches(lambda r: torch.repeat_interleave(r), repeats)
+
+
+def test_repeat_interleave_of_negative_repeats_is_an_error_naming_the_node():
+    compiled = torch.compile(lambda r: torch.repeat_interleave(r), backend="treadle",
+                             fullgraph=True, dynamic=False)
+    torch.testing.assert_close(compiled(torch.tensor([2, 0, 1])), torch.tensor([0, 0, 2]))
+    for repeats in ([-1, 2, 0], [-2, -1]):
+        with pytest.raises(KernelError, match="repeat_interleave.*negative count"):
+            compiled(torch.tensor(repeats))
+
+
+def test_repeat_interleave_of_a_found_size_at_each_call():
+    """One compiled function over repeats of different sums: each call its own size."""
+    compiled = torch.compile(lambda x, r: x.repeat_interleave(r, dim=0).sum(1),
+                             backend="treadle", fullgraph=True, dynamic=False)
+    x = torch.randn(3, 4)
+    for repeats in ([1, 2, 3], [0, 0, 9], [4, 0, 1]):
+        r = torch.tensor(repeats)
+        torch.testing.assert_close(compiled(x, r), x.repeat_interleave(r, dim=0).sum(1),
+                                   **FLOAT32)
 
 
 # ---- embeddings with max_norm ------------------------------------------------------------

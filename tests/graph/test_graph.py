@@ -32,3 +32,26 @@ def test_unknown_operator_is_unsupported():
 def test_symbolic_dims_are_symbols():
     x = Tensor("x", "float32", ["batch", 3])
     assert {v.name for v in x.symbols} == {"batch"} and not x.is_static
+
+
+def test_a_size_found_in_the_data_orders_the_nodes_that_use_it_without_reading_its_finder():
+    """A Dims node holding the size FoundSum finds reads no tensor of it, yet runs after
+    it: depth-first from the outputs alone would order it first."""
+    import numpy as np
+
+    import treadle
+    from treadle.graph.ops.shape import dims_tensor
+    repeats = Tensor("repeats", "int64", [5])
+    count = apply("FoundSum", [repeats], name="count")[0]
+    (found,) = {d.symbol for d in count.producer.data_sizes}
+    sizes = dims_tensor([found * 2], "sizes")
+    ramp = apply("Range", [*(apply("Squeeze", [t], name=f"s{k}")[0] for k, t in enumerate(
+        [dims_tensor([0], "zero"), sizes, dims_tensor([1], "one")]))], name="ramp")[0]
+    graph = Graph.from_outputs([repeats], [ramp, count])
+    names = [n.name for n in graph.nodes]
+    assert names.index("count") < names.index("sizes")
+    model = treadle.compile(graph)
+    for r in ([1, 0, 2, 0, 4], [0] * 5, [3, 3, 3, 3, 3]):
+        got, total = model(repeats=np.array(r, np.int64))
+        assert int(total) == sum(r)
+        np.testing.assert_array_equal(got, np.arange(2 * sum(r)))

@@ -147,8 +147,7 @@ def convert_node(importer: Importer, node: torch.fx.Node):
     if node.target is operator.getitem:
         return importer.arg(node.args[0])[node.args[1]]
     value = node.meta.get("val")
-    if not isinstance(node.target, torch._ops.OpOverload) \
-            or node.target is torch.ops.aten.sym_size.int:
+    if not isinstance(node.target, torch._ops.OpOverload) or _size_query(node):
         # Size arithmetic, already evaluated by the tracer, or a guard's condition, which
         # only checks read.
         if isinstance(value, (torch.SymInt, int)) and not isinstance(value, bool):
@@ -170,6 +169,11 @@ def convert_node(importer: Importer, node: torch.fx.Node):
         raise UnsupportedOpError(f"{call.where}: cannot be converted: {err}") from err
 
 
+def _size_query(node: torch.fx.Node) -> bool:
+    """Whether the node asks a tensor's size, which the tracer has evaluated."""
+    return node.target in (torch.ops.aten.sym_size.int, torch.ops.aten.sym_numel.default)
+
+
 def _shape_from_contents(value) -> str:
     """Why an op like ``nonzero`` (``torch.where(mask)``) has no converter: a graph's
     shapes follow from its inputs' shapes, not from their values."""
@@ -186,8 +190,7 @@ def is_supported(node: torch.fx.Node) -> bool:
     still be refused)."""
     if node.target is operator.getitem or getattr(node.target, "_opname", None) in CHECKS:
         return True
-    if not isinstance(node.target, torch._ops.OpOverload) \
-            or node.target is torch.ops.aten.sym_size.int:
+    if not isinstance(node.target, torch._ops.OpOverload) or _size_query(node):
         return True  # size arithmetic
     if node.target in TABLE:
         return node.target not in CLAIMS or CLAIMS[node.target](node)
@@ -526,19 +529,17 @@ def _repeat(call: Call, x, repeats):
     return call.op("Tile", x, call.dims([call.importer.dim(r) for r in repeats]))
 
 
-def _sized(node: torch.fx.Node) -> bool:
-    """Whether the tracer knows the node's result sizes without reading its inputs."""
-    return not _shape_from_contents(node.meta.get("val"))
-
-
-@aten("repeat_interleave.Tensor", claims=_sized)
+@aten("repeat_interleave.Tensor")
 def _repeat_interleave(call: Call, repeats, *, output_size=None):
     """Each position k of ``repeats`` as many times as it says: output position j holds
-    the count of running totals of ``repeats`` at or below j. Claimed only where the
-    output's size (the sum of repeats) is known, given as ``output_size`` or traced: a
-    size found in the data needs a bound from the inputs' sizes for the memory planned
-    for it, and the values of ``repeats`` have none."""
-    totals = call.op("CumSum", call.reshape(repeats, [-1]), call.const(0, dtypes.int64))
+    the count of running totals of ``repeats`` at or below j. The output's size is the
+    sum of the repeats: given as ``output_size`` or traced, or else found in the data
+    (FoundSum), which no input's size bounds, so the tensors it sizes are allocated once
+    it is known."""
+    flat = call.reshape(repeats, [-1])
+    if _shape_from_contents(call.value):
+        call.importer.bind_found(call.value.shape[0], call.op("FoundSum", flat).producer)
+    totals = call.op("CumSum", flat, call.const(0, dtypes.int64))
     positions = call.op("Unsqueeze", _counting(call, call.shape[0]), call.ints([1]))
     passed = call.op("LessOrEqual", call.op("Unsqueeze", call.tensor(totals, dtypes.int64),
                                             call.ints([0])), positions)
@@ -1287,10 +1288,18 @@ def _arange(call: Call, *args, **kwargs):
         (args[0], args[1], args[2] if len(args) > 2 else 1)
     if all(isinstance(v, (int, float)) for v in (start, end, step)):
         return call.const(np.arange(start, end, step), call.dtype)
-    bounds = [call.op("Cast", call.dims([v]), to=_onnx(call.dtype)) if not isinstance(
-        v, (int, float)) else call.const([v], call.dtype) for v in (start, end, step)]
-    scalars = [call.op("Squeeze", b, call.ints([0])) for b in bounds]
-    return call.op("Range", *scalars)
+    return call.op("Range", *(_range_bound(call, v) for v in (start, end, step)))
+
+
+def _range_bound(call: Call, value) -> Tensor:
+    """A bound of ``arange`` as a scalar of its dtype: a number, a symbolic size, or an
+    int64 scalar holding a size (one found in the data before the graph)."""
+    if isinstance(value, Tensor):
+        return call.tensor(call.reshape(value, []), call.dtype)
+    if isinstance(value, (int, float)):
+        return call.const(value, call.dtype)
+    return call.op("Squeeze", call.op("Cast", call.dims([value]), to=_onnx(call.dtype)),
+                   call.ints([0]))
 
 
 # ---- reductions ------------------------------------------------------------------------

@@ -3,12 +3,12 @@ order. Built from the outputs by walking producers, so unused operators never en
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from treadle.errors import ShapeError
 from treadle.graph.operator import Operator
 from treadle.graph.tensor import Tensor
-from treadle.ir.expr import as_expr
+from treadle.ir.expr import Var, as_expr
 from treadle.ir.functor import free_vars
 
 
@@ -47,7 +47,24 @@ class Graph:
 
 def topological_order(inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> tuple[Operator, ...]:
     """Producers before consumers; a tensor that is neither a graph input, a constant nor
-    produced by an operator is an error naming it."""
+    produced by an operator is an error naming it. An operator whose tensors' shapes hold
+    a size another finds in the data (``OpContext.size_from_data``) comes after the
+    finder, though it may read none of its tensors (a Range to that size)."""
+    order = _depth_first(inputs, outputs, lambda node: ())
+    finders = {d.symbol.name: node for node in order for d in node.data_sizes}
+    if not finders:
+        return order
+
+    def finders_of(node: Operator) -> list[Operator]:
+        names = {v.name for v in _symbols(node)}
+        return [finders[n] for n in sorted(names & finders.keys()) if finders[n] is not node]
+    return _depth_first(inputs, outputs, finders_of)
+
+
+def _depth_first(inputs: Sequence[Tensor], outputs: Sequence[Tensor],
+                 also_after: Callable[[Operator], Sequence[Operator]]) -> tuple[Operator, ...]:
+    """Operators in post-order from ``outputs``: each after its inputs' producers and the
+    operators ``also_after`` names."""
     known_inputs = {id(t) for t in inputs}
     order: list[Operator] = []
     state: dict[int, str] = {}
@@ -70,12 +87,23 @@ def topological_order(inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> tu
                 raise ShapeError(f"the graph has a cycle through node {node.name!r}")
             state[key] = "open"
             stack.append((node, True))
-            for t in reversed([t for t in node.inputs if t is not None]):
-                if t.producer is None:
+            before = [t.producer for t in node.inputs if t is not None and t.producer]
+            for t in node.inputs:
+                if t is not None and t.producer is None:
                     _check_source(t, known_inputs)
-                elif state.get(id(t.producer)) != "done":
-                    stack.append((t.producer, False))
+            for producer in reversed([*before, *also_after(node)]):
+                if state.get(id(producer)) != "done":
+                    stack.append((producer, False))
     return tuple(order)
+
+
+def _symbols(node: Operator) -> set[Var]:
+    """The symbols of the node's tensors' shapes and of its definition's values (a Dims
+    node's sizes)."""
+    dims = [as_expr(d) for t in (*node.inputs, *node.outputs) if t is not None
+            for d in t.shape]
+    values = [e for c in node.definition for e in (c.value, *c.reduce_extents)]
+    return {v for e in (*dims, *values) for v in free_vars(as_expr(e))}
 
 
 def _check_source(t: Tensor, known_inputs: set[int]) -> None:

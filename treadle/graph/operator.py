@@ -83,14 +83,15 @@ class OpContext:
         self.checks: list[tuple[Expr, str]] = []
         self.data_sizes: list[DataSize] = []
 
-    def size_from_data(self, output: int, bound: Dim) -> Var:
+    def size_from_data(self, output: int, bound: Optional[Dim]) -> Var:
         """A size the operator's kernel finds in the data (how many elements NonZero
         selects): a symbol of its own, named after the node so that defining the node
         again gives the same one. Output ``output`` (an int64 scalar) holds its value
         after the kernel has run; it is at most ``bound``, an expression of the inputs'
-        sizes, which memory is planned for."""
+        sizes, which memory is planned for. Without a bound, the tensors it sizes are
+        allocated once it is known."""
         var = Var(re.sub(r"\W", "_", f"{self.name}_size{len(self.data_sizes)}"), int64)
-        self.data_sizes.append(DataSize(var, output, as_expr(bound)))
+        self.data_sizes.append(DataSize(var, output, None if bound is None else as_expr(bound)))
         return var
 
     def require(self, cond: Expr, message: str) -> None:
@@ -157,7 +158,7 @@ class DataSize:
     """A symbol whose value a kernel computes (``OpContext.size_from_data``)."""
     symbol: Var
     output: int
-    bound: Expr
+    bound: Optional[Expr]
 
 
 @dataclass(eq=False)

@@ -327,6 +327,9 @@ class Executable:
             value = ctypes.c_int64.from_address(pointers[slot]).value
             limit = self.slots[slot].bound
             bound = value if limit is None else int(evaluate(limit, symbols))
+            if limit is None and value < 0:
+                raise KernelError(f"step {step.name}: found a negative count for "
+                                  f"{var.name} in the data")
             if not 0 <= value <= bound:
                 raise KernelError(f"step {step.name}: found {value} elements for "
                                   f"{var.name}, outside 0..{bound}")

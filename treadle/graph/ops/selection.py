@@ -81,6 +81,43 @@ def nonzero_rows(ctx: OpContext) -> list[Compute]:
     return [compute("y", [size, max(len(x.shape), 1)], coordinate), count]
 
 
+def _found_sum_kernel(op: Operator, name: str) -> Kernel:
+    """One pass: the sum, or -1 once an element is negative."""
+    (x,) = op.input_buffers
+    total = op.definition[-1].buffer
+    with FunctionBuilder(name) as fb:
+        for b in (x, total):
+            fb.add_param(b)
+        s = fb.scalar("s", dtypes.int64, 0)
+        for f in fb.range(num_elements(x.shape), name="f"):
+            v = cast(x[_element(x, f)], dtypes.int64)
+            fb.store(s, [], select((v < 0) | (s[()] < 0), as_expr(-1, dtypes.int64),
+                                   s[()] + v))
+        fb.store(total, [], s[()])
+        fb.add_size_symbols(x.shape)
+    return canonical_kernel(fb.function, op.input_buffers, 1)
+
+
+@register("FoundSum", internal=True, kernel=_found_sum_kernel)
+def found_sum(ctx: OpContext) -> list[Compute]:
+    """The sum of an integer tensor's elements (int64) as a size found in the data, which
+    no expression of the inputs' sizes bounds: the length of ``repeat_interleave`` with
+    tensor repeats. A negative element makes it -1, which the executor refuses naming
+    the node."""
+    x = ctx.input(0)
+    if not x.dtype.is_integer:
+        raise ctx.error(f"input 0 must be an integer tensor, not {x.dtype}")
+    ctx.size_from_data(0, None)
+    n = num_elements(x.shape)
+
+    def element(f):
+        return cast(x[_element(x, f)], dtypes.int64)
+    low = reduce("low", [], [n], element, "min")
+    total = reduce("sum", [], [n], element, "sum")
+    return [compute("total", [], lambda: select(low[()] < 0, as_expr(-1, dtypes.int64),
+                                                total[()]))]
+
+
 def nonzero(x: Tensor, name: str, output: str | None = None) -> Tensor:
     """ONNX's NonZero: [rank, count], the transpose of the rows; the node ``name``, its
     result the tensor ``output``."""

@@ -19,6 +19,7 @@ from treadle.schedule.template import FixedTemplate, Template, default_point
 from treadle.schedule.templates.attention_cpu import schedule_attention
 from treadle.schedule.templates.dot_cpu import DOT
 from treadle.schedule.templates.gemm import GEMM
+from treadle.schedule.templates.gemv_cpu import GEMV
 from treadle.schedule.templates.index_check import schedule_index_check
 from treadle.schedule.templates.matmul_cuda import MATMUL_CUDA
 from treadle.schedule.templates.window_cpu import match_window, schedule_window
@@ -93,7 +94,7 @@ class RulesTemplate(FixedTemplate):
 
 TEMPLATES: dict[str, tuple[Template, ...]] = {
     "cpu": (HandWrittenTemplate(), WinogradTemplate(), IndexCheckTemplate(),
-            AttentionTemplate(), DOT, GEMM, WindowTemplate(), RulesTemplate()),
+            AttentionTemplate(), DOT, GEMV, GEMM, WindowTemplate(), RulesTemplate()),
     # On CUDA the rules' parallel loops become launches (ir.passes.split_launches).
     "cuda": (HandWrittenTemplate(), IndexCheckTemplate(), MATMUL_CUDA, RulesTemplate()),
 }

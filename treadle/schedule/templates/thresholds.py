@@ -7,6 +7,12 @@ tensors out for that template (``graph.passes.channels_last``)."""
 # the rule-based loops serve those better.
 MIN_GEMM_COLUMNS = 8
 
+# The gemv template (constant weights) takes products of at most this many rows, whose
+# weights it streams once across the threads, and products whose K is at most
+# MAX_OUTER_K (a sum of that many outer products, weights in L1), of any rows.
+MAX_GEMV_ROWS = 4
+MAX_OUTER_K = 8
+
 # The dot template's K must fill whole vectors of the narrowest kind (AVX2's 8 floats).
 VECTOR_ELEMENTS = 8
 

@@ -14,7 +14,9 @@ torch.compile, in float32 or on int8 quantised models.
 
 The papers' benchmarks are ResNet-50, Inception-V3, MobileNetV2, BERT-base and GPT-2 small
 (seq 128) at batch 1, and ResNet-50 at batch 4 and 8; ``wider`` adds the rest of the zoo at
-batch 1 (ResNeXt, RegNet, Res2Net, CSPDarknet, EfficientNet, MixNet, Candy, Segformer), all
+batch 1 (ResNeXt, RegNetY and RegNetX, Res2Net, CSPDarknet, EfficientNet, MixNet, Candy,
+Segformer, U-Net, DeepLabV3 on MobileNetV3, R3D-18, ECA-ResNet-50, DPN-68 and a small
+Mamba), all
 with the zoo's random weights (treadle.models). Every system runs on ``--threads`` threads
 (2): treadle compiles the exported ONNX file with ``treadle.compile(path, tune=LEVEL)``
 into a fresh kernel and tuning cache (``--warm-cache`` uses the user's), then compiles it
@@ -92,7 +94,8 @@ BENCHMARKS = {
 }
 # Architectures outside the papers' five, whose layers the templates were not tuned for.
 WIDER = ("resnext50", "regnet_y_800mf", "res2net50", "cspdarknet53", "efficientnet_b0",
-         "mixnet_s", "candy", "segformer_b0", "unet")
+         "mixnet_s", "candy", "segformer_b0", "unet", "deeplabv3_mobilenet_v3", "r3d_18",
+         "eca_resnet50", "regnetx_200mf", "dpn68", "mamba_small")
 BENCHMARKS.update({name: Benchmark(name, 1) for name in WIDER})
 PAPER = ("resnet50", "inception_v3", "mobilenet_v2", "bert", "gpt2", "resnet50_b4",
          "resnet50_b8")

@@ -31,7 +31,7 @@ from treadle.models import MODELS, ModelSpec
 
 CALIBRATION_BATCHES = 4
 # Model families quantised dynamically; every other family is quantised statically.
-DYNAMIC_FAMILIES = ("transformer",)
+DYNAMIC_FAMILIES = ("transformer", "ssm")
 
 
 class RandomBatches(CalibrationDataReader):

@@ -2,7 +2,7 @@
 ``treadle.compile`` and compare every output with ONNX Runtime's on the same random inputs.
 
 The reduced models keep every kind of layer of the full ones (bench/check_models.py runs
-those; the slow tests here run the full dense and vision models). Errors are measured
+those; the slow tests here run the full image models). Errors are measured
 against each output's largest magnitude, since values near zero (logits, normalized
 activations) make elementwise relative errors meaningless.
 """
@@ -105,14 +105,16 @@ def test_paper_model_in_the_gpu_simulator_matches_onnxruntime(zoo, name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(n for n, r in MODELS.items()
-                                        if r.family in ("dense", "vision")))
+                                        if r.family in ("dense", "vision", "resnet_variants",
+                                                        "deeplab", "video")))
 def test_full_model_matches_onnxruntime(zoo, name):
     spec = export_onnx(name, zoo / f"{name}_full.onnx")
     compiled = treadle.compile(spec.path)
     assert_matches(compiled, reference(spec.path), spec.random_inputs(), f"{name} (full)")
 
 
-@pytest.mark.parametrize("name", ["resnet50", "bert", "efficientvit_block"])
+@pytest.mark.parametrize("name", ["resnet50", "bert", "efficientvit_block", "r3d_18",
+                                  "mamba_small"])
 def test_built_module_has_the_exported_weights(zoo, name):
     # At batch 2, so that the exported batch is not the calibration batch or 1.
     torch = require("torch")
@@ -175,6 +177,8 @@ def test_export_rejects_what_it_cannot_build(zoo):
         export_onnx("vgg", zoo / "vgg.onnx")
     with pytest.raises(ValueError, match="dynamic_seq applies to the transformer"):
         export_onnx("resnet50", zoo / "r.onnx", reduced=True, dynamic_seq=True)
+    with pytest.raises(ValueError, match="dynamic_seq applies to the transformer"):
+        export_onnx("mamba_small", zoo / "m.onnx", reduced=True, dynamic_seq=True)
     with pytest.raises(ValueError, match="dynamic_batch applies to the CNN"):
         export_onnx("bert", zoo / "b.onnx", reduced=True, dynamic_batch=True)
     with pytest.raises(ValueError, match="attention applies to the transformer"):

@@ -1,16 +1,18 @@
-"""A model zoo for tests, benchmarks and the demo: fifteen standard networks with random
+"""A model zoo for tests, benchmarks and the demo: twenty-one standard networks with random
 weights.
 
 ``export_onnx(name, path)`` writes one as an ONNX file and returns a ``ModelSpec`` (input
 names, shapes and dtypes, and a maker of random inputs); ``build(name)`` returns the same
 model, with the same weights, as a torch module. Each model has size knobs and a
 ``reduced`` variant small enough for CI. Nothing is downloaded: the CNNs are plain
-``torch.nn`` (``cnn.py``, and ``vision.py`` for the grouped, multi-scale, Mish,
-squeeze-and-excitation and mixed-kernel ones), the transformers are built from
-``transformers`` configs (``transformer.py``), and of the models whose output is a feature
-map (``dense.py``), Candy, U-Net and the EfficientViT block are plain ``torch.nn`` and
-Segformer-B0 a ``transformers`` config. torch is an optional dependency of treadle, so it
-is imported only when a model is built.
+``torch.nn`` (``cnn.py``; ``vision.py`` for the grouped, multi-scale, Mish,
+squeeze-and-excitation and mixed-kernel ones; ``resnet_variants.py`` for channel attention
+and dual paths; ``video.py`` for 3-D convolutions), the transformers are built from
+``transformers`` configs (``transformer.py``), the Mamba language model is plain
+``torch.nn`` (``ssm.py``), and of the models whose output is a feature map, Candy, U-Net,
+the EfficientViT block (``dense.py``) and DeepLabV3 (``deeplab.py``) are plain
+``torch.nn`` and Segformer-B0 a ``transformers`` config. torch is an optional dependency of
+treadle, so it is imported only when a model is built.
 """
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ nn = torch.nn
 
 
 def conv_bn(cin: int, cout: int, kernel, stride=1, padding=0, groups: int = 1,
-            eps: float = 1e-5) -> list:
-    return [nn.Conv2d(cin, cout, kernel, stride, padding, groups=groups, bias=False),
+            eps: float = 1e-5, dilation: int = 1) -> list:
+    return [nn.Conv2d(cin, cout, kernel, stride, padding, dilation, groups, bias=False),
             nn.BatchNorm2d(cout, eps=eps)]
 
 

@@ -13,22 +13,15 @@ reduced keys with depthwise convolutions, its head bilinear upsampling. U-Net
 convolutions, as most of its uses have.
 
 Every builder returns a module of one float NCHW input, which records the input's name and
-channel count and the output's name (``input_name``, ``in_channels``, ``output_name``)
-for export.
+channel count and the output's name for export (``export.declare_io``).
 """
 from __future__ import annotations
 
 from treadle.models import require
+from treadle.models.export import declare_io
 
 torch = require("torch")
 nn = torch.nn
-
-
-def _declare(module: nn.Module, input_name: str, in_channels: int, output_name: str) -> None:
-    module.input_name = input_name
-    module.in_channels = in_channels
-    module.output_name = output_name
-
 
 # Candy (fast neural style transfer).
 
@@ -69,7 +62,7 @@ def candy(*, width: int = 32, blocks: int = 5) -> nn.Module:
         *_upsample_conv(4 * width, 2 * width),
         *_upsample_conv(2 * width, width),
         *_reflect_conv(width, 3, 9))
-    _declare(model, "image", 3, "stylized")
+    declare_io(model, "image", 3, "stylized")
     return model
 
 
@@ -109,7 +102,7 @@ class UNet(nn.Module):
 def unet(*, width: int = 32, depth: int = 4, classes: int = 2) -> nn.Module:
     """U-Net by default at half the paper's width; ``depth`` counts the poolings."""
     model = UNet(width, depth, classes)
-    _declare(model, "image", 3, "mask")
+    declare_io(model, "image", 3, "mask")
     return model
 
 
@@ -175,7 +168,7 @@ class EfficientViTBlock(nn.Module):
         super().__init__()
         self.attention = LinearAttention(channels, head_dim, scales)
         self.mbconv = MBConv(channels, expand)
-        _declare(self, "features", channels, "block_out")
+        declare_io(self, "features", channels, "block_out")
 
     def forward(self, x):
         x = x + self.attention(x)
@@ -199,7 +192,7 @@ class Segmenter(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
-        _declare(self, "image", model.config.num_channels, "logits")
+        declare_io(self, "image", model.config.num_channels, "logits")
 
     def forward(self, image):
         return self.model(pixel_values=image, return_dict=False)[0]

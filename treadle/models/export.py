@@ -115,9 +115,34 @@ MODELS: dict[str, Recipe] = {
     "mixnet_s": Recipe("vision", "mixnet_s", {},
                        dict(repeats=(1, 1, 0, 1, 1, 0, 0, 0, 1, 1, 0), width=0.5, head=128,
                             num_classes=10), 224, 64),
+    "regnetx_200mf": Recipe("vision", "regnetx_200mf", {},
+                            dict(depths=(1, 2, 1), widths=(16, 24, 48), group_width=8,
+                                 stem=16, num_classes=10), 224, 64),
+    "eca_resnet50": Recipe("resnet_variants", "eca_resnet50", {},
+                           dict(blocks=(2, 1, 1, 1), width=8, num_classes=10), 224, 64),
+    "dpn68": Recipe("resnet_variants", "dpn68", {},
+                    dict(blocks=(2, 1, 1, 1), width=8, increments=(4, 8, 8, 16), groups=4,
+                         stem=8, num_classes=10), 224, 64),
+    # The reduced backbone keeps a row of each kind (with and without expansion,
+    # squeeze-and-excitation and hard swish; strided, dilated, residual), and its 8x8
+    # map is reached by the ASPP's smallest rate and not by the others, as the full
+    # model's 14x14 map is.
+    "deeplabv3_mobilenet_v3": Recipe("deeplab", "deeplabv3_mobilenet_v3", {},
+                                     dict(rows=(0, 3, 4, 6, 7, 12, 13), width=0.25,
+                                          output_stride=8, head=16, rates=(4, 8, 12),
+                                          num_classes=5), 224, 64),
+    "r3d_18": Recipe("video", "r3d_18", {},
+                     dict(blocks=(1, 1, 1, 1), width=8, num_classes=10, frames=5), 112, 32),
+    "mamba_small": Recipe("ssm", "mamba_small", {},
+                          dict(vocab=100, layers=2, d_model=24, d_state=4), 64, 13),
 }
 # The families of ImageNet classifiers: an RGB image in, logits out.
-CLASSIFIERS = ("cnn", "vision")
+CLASSIFIERS = ("cnn", "vision", "resnet_variants")
+# The families whose inputs are token ids: their modules declare each input's range of
+# values and the outputs' names (``input_ranges``, ``output_names``). The others take an
+# image (or a video clip): a classifier an RGB one, any other module declares its own
+# (``declare_io``).
+TOKEN_FAMILIES = ("transformer", "ssm")
 
 
 def export_onnx(name: str, path, *, reduced: bool = False, batch: int = 1,
@@ -145,12 +170,12 @@ def export_onnx(name: str, path, *, reduced: bool = False, batch: int = 1,
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer and deprecation chatter from the exporter
         model = build(name, reduced=reduced, attention=attention)
-        if recipe.family == "transformer":
+        if recipe.family in TOKEN_FAMILIES:
             spec = _token_spec(name, path, model, batch, size, dynamic_seq)
         else:
-            input_name, channels, output = _image_io(recipe, model)
-            image = InputSpec(input_name, ("batch" if dynamic_batch else batch, channels, size,
-                                           size), "float32")
+            input_name, sample, output = _image_io(recipe, model, size)
+            image = InputSpec(input_name, ("batch" if dynamic_batch else batch, *sample),
+                              "float32")
             spec = ModelSpec(name, path, (image,), (output,),
                              {"batch": batch} if dynamic_batch else {})
         _write(model, spec, dynamo=attention == "sdpa")
@@ -174,9 +199,9 @@ def build(name: str, *, reduced: bool = False, attention: str | None = None):
         torch.manual_seed(SEED)
         model = getattr(family, recipe.builder)(**options)
         _randomize_affine(model)
-        if recipe.family != "transformer":
+        if recipe.family not in TOKEN_FAMILIES:
             size = recipe.reduced_size if reduced else recipe.size
-            _calibrate_batch_norm(model, (_image_io(recipe, model)[1], size, size))
+            _calibrate_batch_norm(model, _image_io(recipe, model, size)[1])
     return model.eval()
 
 
@@ -186,12 +211,25 @@ def _recipe(name: str) -> Recipe:
     return MODELS[name]
 
 
-def _image_io(recipe: Recipe, model) -> tuple[str, int, str]:
-    """An image model's input name and channels and its output name: a classifier takes an
-    RGB image, a dense model (``dense.py``) declares its own."""
+def declare_io(module, input_name: str, in_channels: int, output_name: str,
+               frames: int = 0) -> None:
+    """Records on an image model that is not a classifier what export needs: its input's
+    name and channels (and, for a video model, the clip's ``frames``: its input is then
+    N x C x frames x H x W), and its output's name."""
+    module.input_name = input_name
+    module.in_channels = in_channels
+    module.frames = frames
+    module.output_name = output_name
+
+
+def _image_io(recipe: Recipe, model, size: int) -> tuple[str, tuple[int, ...], str]:
+    """An image model's input name, its input's shape without the batch axis at image side
+    ``size``, and its output name: a classifier takes an RGB image, the other models
+    declare theirs (``declare_io``)."""
     if recipe.family in CLASSIFIERS:
-        return "image", 3, "logits"
-    return model.input_name, model.in_channels, model.output_name
+        return "image", (3, size, size), "logits"
+    frames = (model.frames,) if model.frames else ()
+    return model.input_name, (model.in_channels, *frames, size, size), model.output_name
 
 
 def _write(model, spec: ModelSpec, dynamo: bool = False) -> None:
@@ -257,7 +295,8 @@ def _declare_output_shapes(path: Path, shapes: Mapping[str, tuple[int, ...]],
 
 def _randomize_affine(model) -> None:
     import torch
-    norms = (torch.nn.BatchNorm2d, torch.nn.InstanceNorm2d, torch.nn.LayerNorm)
+    norms = (torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.InstanceNorm2d,
+             torch.nn.LayerNorm, torch.nn.RMSNorm)
     for module in model.modules():
         if isinstance(module, norms) and module.weight is not None:
             module.weight.uniform_(0.5, 1.5)
@@ -267,11 +306,12 @@ def _randomize_affine(model) -> None:
 
 
 def _calibrate_batch_norm(model, shape: tuple[int, ...]) -> None:
-    """Sets every batch norm's statistics to its input's over a batch of random inputs of
-    ``shape`` (without the batch axis). Only the batch norms are in training mode, so that
-    dropout and stochastic depth do not skew what they measure."""
+    """Sets every (2-D or 3-D) batch norm's statistics to its input's over a batch of random
+    inputs of ``shape`` (without the batch axis). Only the batch norms are in training mode,
+    so that dropout and stochastic depth do not skew what they measure."""
     import torch
-    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    norms = [m for m in model.modules()
+             if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.BatchNorm3d))]
     if not norms:
         return
     model.eval()

@@ -1,5 +1,6 @@
-"""Six more ImageNet classifiers in plain ``torch.nn``, for the layers the three of ``cnn.py``
-lack: grouped 3x3 convolutions with 4-32 channels a group (ResNeXt-50 32x4d, RegNetY-800MF),
+"""Seven more ImageNet classifiers in plain ``torch.nn``, for the layers the three of
+``cnn.py`` lack: grouped 3x3 convolutions with 4-32 channels a group (ResNeXt-50 32x4d,
+RegNetY-800MF, and RegNetX-200MF, which has no squeeze-and-excitation),
 channels split into scales that feed each other and are concatenated again (Res2Net-50),
 Mish after every convolution and a cross-stage split (CSPDarknet-53), squeeze-and-excitation
 (RegNetY in ReLU, EfficientNet-B0 in SiLU), and depthwise convolutions mixing 3x3 to 11x11
@@ -24,18 +25,21 @@ nn = torch.nn
 
 
 def conv_bn_act(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1,
-                act: type[nn.Module] = nn.ReLU, eps: float = 1e-5) -> list:
-    return [*conv_bn(cin, cout, kernel, stride, kernel // 2, groups, eps), act()]
+                act: type[nn.Module] = nn.ReLU, eps: float = 1e-5, dilation: int = 1) -> list:
+    return [*conv_bn(cin, cout, kernel, stride, kernel // 2 * dilation, groups, eps, dilation),
+            act()]
 
 
 class SqueezeExcite(nn.Module):
     """Scales each channel by a gate computed from the channel means: a 1x1 convolution
-    down to ``squeeze`` channels, ``act``, a 1x1 convolution back and a sigmoid."""
+    down to ``squeeze`` channels, ``act``, a 1x1 convolution back and ``gate`` (a sigmoid,
+    or MobileNetV3's hard sigmoid)."""
 
-    def __init__(self, channels: int, squeeze: int, act: type[nn.Module]):
+    def __init__(self, channels: int, squeeze: int, act: type[nn.Module],
+                 gate: type[nn.Module] = nn.Sigmoid):
         super().__init__()
         self.gate = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(channels, squeeze, 1),
-                                  act(), nn.Conv2d(squeeze, channels, 1), nn.Sigmoid())
+                                  act(), nn.Conv2d(squeeze, channels, 1), gate())
 
     def forward(self, x):
         return x * self.gate(x)
@@ -113,17 +117,19 @@ def res2net50_26w_4s(*, blocks: Sequence[int] = (3, 4, 6, 3), width: int = 64,
     return ResNet(blocks, width, num_classes, block)
 
 
-# RegNetY-800MF.
+# RegNetY-800MF and RegNetX-200MF.
 
 class RegNetBlock(nn.Module):
-    """RegNetY's block: 1x1, grouped 3x3 (strided), squeeze-and-excitation to ``se_ratio``
-    of the block's input channels, 1x1; a projection shortcut where the shape changes."""
+    """RegNet's block: 1x1, grouped 3x3 (strided), squeeze-and-excitation to ``se_ratio``
+    of the block's input channels (RegNetY; RegNetX, at ratio 0, has none), 1x1; a
+    projection shortcut where the shape changes."""
 
     def __init__(self, cin: int, cout: int, stride: int, group_width: int, se_ratio: float):
         super().__init__()
+        excite = [SqueezeExcite(cout, round(se_ratio * cin), nn.ReLU)] if se_ratio else []
         self.body = nn.Sequential(
             *conv_bn_act(cin, cout, 1), *conv_bn_act(cout, cout, 3, stride, cout // group_width),
-            SqueezeExcite(cout, round(se_ratio * cin), nn.ReLU), *conv_bn(cout, cout, 1))
+            *excite, *conv_bn(cout, cout, 1))
         self.shortcut = (nn.Sequential(*conv_bn(cin, cout, 1, stride))
                          if stride != 1 or cin != cout else nn.Identity())
         self.relu = nn.ReLU(inplace=True)
@@ -141,6 +147,21 @@ def regnet_y_800mf(*, depths: Sequence[int] = (1, 3, 8, 2),
     ``widths`` channels, each starting with stride 2, whose 3x3 convolutions have
     ``group_width`` channels a group (the stages' widths come from the paper's quantized
     linear rule, w0 = 56, wa = 38.84, wm = 2.4, depth 14)."""
+    return _regnet(depths, widths, group_width, se_ratio, stem, num_classes)
+
+
+def regnetx_200mf(*, depths: Sequence[int] = (1, 1, 4, 7),
+                  widths: Sequence[int] = (24, 56, 152, 368), group_width: int = 8,
+                  stem: int = 32, num_classes: int = 1000) -> nn.Module:
+    """RegNetX-200MF (Radosavovic et al., CVPR 2020; torchvision's) by default: RegNetY's
+    layout (``regnet_y_800mf``) without squeeze-and-excitation, at widths 24-368 from
+    the quantized linear rule w0 = 24, wa = 36.44, wm = 2.49, depth 13, with 8 channels a
+    group (3 to 46 groups)."""
+    return _regnet(depths, widths, group_width, 0.0, stem, num_classes)
+
+
+def _regnet(depths: Sequence[int], widths: Sequence[int], group_width: int, se_ratio: float,
+            stem: int, num_classes: int) -> Classifier:
     if any(w % group_width for w in widths):
         raise ValueError(f"widths {tuple(widths)} do not split into groups of {group_width}")
     layers, cin = conv_bn_act(3, stem, 3, 2), stem

@@ -15,6 +15,13 @@ are medians of ``--repeat`` calls after warm-up, taken in rounds that visit the 
 turn (a busy spell slows all of them alike), with an idle gap after each system's turn,
 since ONNX Runtime's and the BLAS's worker threads spin for tens of milliseconds after a
 call and would steal cores from whichever system ran next.
+
+A single-row product (GEMV, every product of token-by-token decoding) reads each weight
+once for two flops, so its bound is the bandwidth at which B's bytes can be read: its
+row also gives treadle's GB/s of B and their fraction of a read bandwidth measured in the
+same rounds, the faster of two sums over an array of B's size (a treadle ReduceSum on the
+benchmark's threads and numpy's column sum), which read each byte once as the product
+does.
 """
 from __future__ import annotations
 
@@ -57,6 +64,10 @@ class Shape:
     def b_shape(self):
         return (self.batch, self.k, self.n) if self.batch > 1 else (self.k, self.n)
 
+    @property
+    def gemv(self) -> bool:
+        return self.batch == 1 and self.m == 1
+
 
 SHAPES = [
     Shape("1024^3", 1, 1024, 1024, 1024),
@@ -67,6 +78,7 @@ SHAPES = [
     Shape("attn scores 12x128x64@64x128", 12, 128, 64, 128),
     Shape("attn context 12x128x128@128x64", 12, 128, 128, 64),
     Shape("gemv 1x768x3072", 1, 1, 768, 3072),
+    Shape("gemv 1x3072x768", 1, 1, 3072, 768),
     Shape("gemv 1x4096x4096", 1, 1, 4096, 4096),
     Shape("tall 16384x4x1024", 1, 16384, 4, 1024),
     Shape("tall 16384x1024x4", 1, 16384, 1024, 4),
@@ -110,19 +122,51 @@ def systems(shape: Shape, a: np.ndarray, b: np.ndarray, level: int):
     return runs, tune_s
 
 
-def bench_shape(shape: Shape, level: int, repeat: int) -> tuple[dict[str, float], float]:
+def read_probes(b: np.ndarray) -> dict[str, object]:
+    """Callables that read an array of ``b``'s size once each (see the module's note):
+    treadle's row sums and numpy's column sums of a copy of ``b``."""
+    import treadle
+    from onnx import TensorProto, helper, numpy_helper
+    copy = b.reshape(-1, b.shape[-1]).copy()
+    rows, columns = copy.shape
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, columns])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows])
+    node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    model = helper.make_model(helper.make_graph([node], "read", [x], [y], [axes]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    summed = treadle.compile(model)
+    return {"read: treadle": lambda: summed(copy),
+            "read: numpy": lambda: np.add.reduce(copy, axis=0)}
+
+
+def bench_shape(shape: Shape, level: int, repeat: int
+                ) -> tuple[dict[str, float], float, tuple[float, float] | None]:
+    """GFLOP/s per system, the tune seconds, and for a GEMV, treadle's GB/s of B and the
+    read bandwidth measured beside it."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal(shape.a_shape(), dtype=np.float32)
     b = rng.standard_normal(shape.b_shape(), dtype=np.float32)
     runs, tune_s = systems(shape, a, b, level)
-    seconds = interleaved_medians(dict(runs), repeat, IDLE_GAP_S)
-    return {name: shape.flops / s / 1e9 for name, s in seconds.items()}, tune_s
+    probes = read_probes(b) if shape.gemv else {}
+    seconds = interleaved_medians({**dict(runs), **probes}, repeat, IDLE_GAP_S)
+    gflops = {name: shape.flops / seconds[name] / 1e9 for name, _ in runs}
+    if not probes:
+        return gflops, tune_s, None
+    read_s = min(seconds[name] for name in probes)
+    return gflops, tune_s, (b.nbytes / seconds["treadle"] / 1e9, b.nbytes / read_s / 1e9)
 
 
-def report(shape: Shape, gflops: dict[str, float], tune_s: float) -> None:
+def report(shape: Shape, gflops: dict[str, float], tune_s: float,
+           bandwidth: tuple[float, float] | None = None) -> None:
     best = max(v for k, v in gflops.items() if k != "treadle")
     cells = "".join(f"{gflops[k]:>12.1f}" for k in ("treadle", "torch", "onnxruntime", "numpy"))
-    print(f"{shape.label:<34}{cells}{gflops['treadle'] / best:>8.2f}{tune_s:>9.1f}", flush=True)
+    line = f"{shape.label:<34}{cells}{gflops['treadle'] / best:>8.2f}{tune_s:>9.1f}"
+    if bandwidth is not None:
+        achieved, read = bandwidth
+        line += f"   B at {achieved:.1f} GB/s, {achieved / read:.0%} of read {read:.1f} GB/s"
+    print(line, flush=True)
 
 
 def warn_if_busy() -> None:
@@ -175,12 +219,13 @@ def main(argv=None) -> None:
             rows = []
             for size in SWEEP:
                 shape = Shape(f"{size}^3", 1, size, size, size)
-                gflops, tune_s = bench_shape(shape, args.level, args.repeat)
+                gflops, tune_s, _ = bench_shape(shape, args.level, args.repeat)
                 report(shape, gflops, tune_s)
                 rows.append((size, gflops))
             print(f"plot: {plot_sweep(rows, args.level)}")
     print("ratio: treadle / best of the other systems; tune s: treadle's cold compile "
-          "including tuning")
+          "including tuning; B at: treadle's bytes of B per second, against the faster "
+          "of two sums over as many bytes")
     warn_if_busy()
 
 

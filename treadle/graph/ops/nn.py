@@ -893,7 +893,9 @@ def _max_pool_indices(ctx: OpContext, x: Buffer, win: Window, y: Compute) -> Com
 def _average_pool(ctx: OpContext, layout: Layout):
     """The window sum over the number of positions counted: those inside the input, or
     with count_include_pad those inside the padded input. The count is a product of one
-    small per-dimension count, since the condition holds per dimension."""
+    count per dimension, since the condition holds per dimension, each a closed form of
+    the output position (``_window_count``): the sum is then the operator's one
+    reduction, which the window template takes with the division as its epilogue."""
     x = _spatial_input(ctx)
     win, nsp = _pool_window(ctx, x, layout), x.rank - 2
     work = accumulator(x.dtype)
@@ -911,7 +913,7 @@ def _average_pool(ctx: OpContext, layout: Layout):
         divisor = _c(1.0, work)
         out = layout.split(i)[2]
         for d, cnt in enumerate(counts):
-            divisor = divisor * (_c(float(win.kernel[d]), work) if cnt is None else cnt[out[d]])
+            divisor = divisor * (_c(float(win.kernel[d]), work) if cnt is None else cnt(out[d]))
         return total[i] / divisor
     return [compute("avgpool", total.shape, average, x.dtype)]
 
@@ -965,10 +967,14 @@ def global_lp_pool(ctx: OpContext):
     return [compute("globallppool", total.shape, lambda *i: root(total[i]), x.dtype)]
 
 
-def _window_count(win: Window, d: int, padded: bool, work: DataType) -> Compute | None:
-    """Per output position along spatial dimension d, how many taps are counted; None
+def _window_count(win: Window, d: int, padded: bool, work: DataType
+                  ) -> Callable[[Expr], Expr] | None:
+    """How many taps are counted at an output position along spatial dimension d; None
     where every window lies inside the counted range (the input, or with ``padded`` the
-    padded input), so that the count is the kernel size."""
+    padded input), so that the count is the kernel size. The taps k counted from the
+    window's first position p, those with low <= p + k * dilation < high, run from
+    ceil((low - p) / dilation) to floor((high - 1 - p) / dilation), clipped to the
+    kernel; both numerators are clamped at zero, where C's truncating division floors."""
     low, high = (-win.begin[d], win.sizes[d] + win.end[d]) if padded else (0, win.sizes[d])
     span = win.dilations[d] * (win.kernel[d] - 1)
     last = normalize_dim((as_expr(win.out[d]) - 1) * win.strides[d] - win.begin[d] + span)
@@ -976,11 +982,14 @@ def _window_count(win: Window, d: int, padded: bool, work: DataType) -> Compute 
     if not win.leaves[d] or (padded and isinstance(last, int) and isinstance(end, int)
                              and last < end):
         return None
+    dilation, kernel = win.dilations[d], win.kernel[d]
 
-    def counted(o, k):
-        p = o * win.strides[d] - win.begin[d] + k * win.dilations[d]
-        return select(logical_and(p >= low, p < high), _c(1.0, work), _c(0.0, work))
-    return reduce(f"count{d}", [win.out[d]], [win.kernel[d]], counted)
+    def counted(o: Expr) -> Expr:
+        first_position = o * win.strides[d] - win.begin[d]
+        first = ceil_div(maximum(low - first_position, 0), dilation)
+        stop = minimum(maximum(high - first_position - 1 + dilation, 0) // dilation, kernel)
+        return cast(maximum(stop - first, 0), work)
+    return counted
 
 
 def _global_pool(op: str):

@@ -15,7 +15,9 @@ on ResNet-50 and Inception-V3 layers: 4x4 tiles 2.5-2.8x the direct convolution 
 56x56x64 and 28x28x128, 2x2 tiles 2.0x; on 35x35x48 and 147x147x32 2x2 tiles win).
 A symbolic batch counts as 1. Where the height or width is symbolic, the tiles may
 overhang any size: layers with LARGE_TILE_CHANNELS to MAX_SYMBOLIC_LARGE_TILE_CHANNELS
-input channels take 4x4 tiles, others 2x2.
+input channels take 4x4 tiles, others 2x2. A 3-D convolution of a D' x 3 x 3 filter runs
+as such a 2-D convolution of its depth slices and a sum over its depth taps
+(``passes.depth_slices``), where the 2-D one qualifies.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Optional, Sequence
 from treadle.graph.graph import Graph
 from treadle.graph.operator import Operator, apply
 from treadle.graph.ops.winograd import PANEL, transform_weights
+from treadle.graph.passes.depth_slices import by_depth_slices, plain_convolution
 from treadle.graph.rewrite import rewrite_graph
 from treadle.graph.tensor import Tensor, constant, normalize_dim
 from treadle.ir.dtypes import float32
@@ -44,27 +47,33 @@ def winograd(graph: Graph) -> Graph:
 def _rule(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
     if node.op_type != "ChannelsLastConv":
         return None
-    tile = _tile(node, inputs)
+    if inputs[0].rank == 5:
+        folded = by_depth_slices(node, inputs, _winograd_or_none)
+        return None if folded is None else [folded]
+    tile = _tile(inputs[0], inputs[1], node.attrs)
     if tile is None:
         return None
-    weight = inputs[1]
+    return [_winograd(inputs[0], inputs[1], inputs[2:], tile, node.name)]
+
+
+def _winograd(x: Tensor, weight: Tensor, rest: Sequence, tile: int, name: str) -> Tensor:
     u = constant(transform_weights(weight.data, tile), f"{weight.name}/winograd{tile}", float32)
-    return [apply("WinogradConv", [inputs[0], u, *inputs[2:]], {"tile": tile}, node.name)[0]]
+    return apply("WinogradConv", [x, u, *rest], {"tile": tile}, name)[0]
 
 
-def _tile(node: Operator, inputs: list) -> Optional[int]:
+def _winograd_or_none(x: Tensor, weight: Tensor, name: str) -> Optional[Tensor]:
+    """The plain 2-D convolution of ``x`` by ``weight`` on Winograd, where it qualifies."""
+    tile = _tile(x, weight, {})
+    return None if tile is None else _winograd(x, weight, [], tile, name)
+
+
+def _tile(x: Tensor, weight: Optional[Tensor], attrs: dict) -> Optional[int]:
     """The output tile side to use, 4 or 2, or None to keep the direct convolution."""
-    x, weight = inputs[0], inputs[1]
     if (x.dtype != float32 or x.rank != 4 or weight is None
             or not weight.is_constant or weight.dtype != float32):
         return None
     kh, kw, channels, filters = weight.shape
-    attrs = node.attrs
-    plain = (all(int(v) == 1 for v in attrs.get("strides", [1, 1]))
-             and all(int(v) == 1 for v in attrs.get("dilations", [1, 1]))
-             and int(attrs.get("group", 1)) == 1 and not any(attrs.get("pads", [0] * 4))
-             and attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET"))
-    if not (plain and (kh, kw) == (3, 3) and filters % PANEL == 0 and channels <= MAX_CHANNELS):
+    if not (plain_convolution(attrs) and (kh, kw) == (3, 3) and filters % PANEL == 0 and channels <= MAX_CHANNELS):
         return None
     batch, height, width, _ = (normalize_dim(d) for d in x.shape)
     if not isinstance(height, int) or not isinstance(width, int):

@@ -179,6 +179,39 @@ TANHF = _odd_rational(
     ["1.19825839466702e-06", "1.18534705686654e-04", "2.26843463243900e-03",
      "4.89352518554385e-03"])
 
+# Four bytes at any address as one little-endian uint32 (x86's byte order): a memcpy,
+# which the compiler turns into one unaligned load, and vectorises along a row.
+WORD_LOAD = """\
+static inline uint32_t treadle_word_load(const void *bytes) {
+    uint32_t word;
+    __builtin_memcpy(&word, bytes, sizeof word);
+    return word;
+}"""
+
+# AMX's tiles for this thread (tile_begin): Linux's permission for the process's tile data,
+# asked once (a process may run kernels without having probed the host), then palette 1
+# with every tile `rows` rows of 64 bytes. 0 where the tiles are ready, -1 where refused.
+TILE_BEGIN = """\
+static int32_t treadle_tile_begin(int32_t rows) {
+    static int32_t permitted = 0;  /* 1 granted, -1 refused, 0 not asked yet */
+    int32_t state = __atomic_load_n(&permitted, __ATOMIC_RELAXED);
+    if (state == 0) {
+        state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                        18 /* XFEATURE_XTILEDATA */) == 0 ? 1 : -1;
+        __atomic_store_n(&permitted, state, __ATOMIC_RELAXED);
+    }
+    if (state < 0)
+        return -1;
+    struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; }
+        config = {.palette = 1};
+    for (int tile = 0; tile < 8; ++tile) {
+        config.colsb[tile] = 64;
+        config.rows[tile] = (uint8_t)rows;
+    }
+    _tile_loadconfig(&config);
+    return 0;
+}"""
+
 # Primitive -> (C function, definition); each calls the F32_BITS helpers.
 F32_MATH: dict[str, tuple[str, str]] = {
     "exp": ("treadle_expf", EXPF),
@@ -325,6 +358,18 @@ class Prelude:
         self.parts.setdefault("treadle_f32_bits", F32_BITS)
         self.parts.setdefault(name, text)
         return name
+
+    def tile_begin(self) -> str:
+        """The helper that readies a thread's AMX tiles (TILE_BEGIN), with its headers."""
+        for header in (INTRINSICS, "unistd.h", "sys/syscall.h"):
+            self.include(header)
+        self.parts.setdefault("treadle_tile_begin", TILE_BEGIN)
+        return "treadle_tile_begin"
+
+    def word_load(self) -> str:
+        """The helper reading four bytes at any address as a uint32 (WORD_LOAD)."""
+        self.parts.setdefault("treadle_word_load", WORD_LOAD)
+        return "treadle_word_load"
 
     def text(self) -> str:
         includes = "\n".join(f"#include <{h}>" for h in self.includes)

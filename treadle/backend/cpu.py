@@ -7,7 +7,9 @@ it uses from outside in a context struct; the kernel hands both to the thread po
 The library exports ``treadle_set_num_threads`` and ``treadle_set_parallel`` (the pool's
 entry point; without it loops run serially). A vectorize loop is an ``omp simd`` loop
 whose accumulators are reductions; fused multiply-adds on vectors are the AVX intrinsics
-of their width, and a prefetch is ``__builtin_prefetch``.
+of their width, and a prefetch is ``__builtin_prefetch``. Tiles (local buffers of
+``TILE`` vectors) live in AMX's tile registers, numbered in the order they are declared;
+stores to and from them are tile loads, stores, zeroings and products (``_store``).
 """
 from __future__ import annotations
 
@@ -16,17 +18,26 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from treadle.backend.build import build_with, c_toolchain
-from treadle.backend.c import (CALL_PRINTERS, LOOP_PRINTERS, PRIMARY, STMT_PRINTERS, CPrinter,
+from treadle.backend.c import (CALL_PRINTERS, EXPR_PRINTERS, LOOP_PRINTERS, PRIMARY,
+                               STMT_PRINTERS, UNARY, CPrinter,
                                c_name, print_let, print_loop, print_store, scalar_float_call)
 from treadle.backend.c import generate as generate_c
 from treadle.backend.c_prelude import INTRINSICS
 from treadle.config import usable_cores
 from treadle.errors import IRError
 from treadle.ir import dtypes
-from treadle.ir.expr import Binary, Buffer, Call, Expr, Load, Select, Var
+from treadle.ir.expr import (Binary, Broadcast, Buffer, Call, Cast, Const, Expr, Load, Select,
+                             Var)
 from treadle.ir.functor import walk
+from treadle.ir.primitives import TILE, TILE_WORDS
+from treadle.ir.simplify import simplify_expr
 from treadle.ir.stmt import Accumulate, DeclBuffer, For, Function, Let, Store
 from treadle.target.cpu import host
+
+
+# AMX's register file of tiles (a tile as the IR holds it: ir.primitives.TILE).
+TILE_REGISTERS = 8
+TILE_ROW_BYTES = 4 * TILE_WORDS  # tiles are stored row after row: the stride of every load
 
 
 # Vector dtype -> fused multiply-add intrinsic; the 512-bit ones only where the CPU has them.
@@ -123,6 +134,121 @@ def _prefetch(p: CpuPrinter, e: Call):
     if not isinstance(arg, Load):
         return "0", PRIMARY
     return p.call("__builtin_prefetch", "&" + p.text(arg), "0", "2")
+
+
+def _tile_begin(p: CpuPrinter, e: Call):
+    return p.call(p.prelude.tile_begin(), p.text(e.args[0]))
+
+
+def _tile_end(p: CpuPrinter, e: Call):
+    p.prelude.include(INTRINSICS)
+    return "(_tile_release(), 0)", PRIMARY
+
+
+def _tile_value(p: CpuPrinter, e: Call):
+    raise IRError(f"{e}: a tile product is stored into a tile (tile registers hold it), "
+                  "not used as a value")
+
+
+def _is_tile(buffer: Buffer) -> bool:
+    return buffer.dtype == TILE and buffer.scope == "local"
+
+
+def _tile_number(p: CpuPrinter, load: Load) -> int:
+    (index,) = load.indices
+    if not (load.buffer in p.tiles and isinstance(index, Const)):
+        raise IRError(f"tile {load.buffer.name}[{index}]: tiles are indexed by constants, "
+                      "inside the scope that declares them")
+    return p.tiles[load.buffer] + index.value
+
+
+def _decl_buffer(p: CpuPrinter, s: DeclBuffer) -> None:
+    """A tile buffer takes the next free tile registers (no C declaration)."""
+    if not _is_tile(s.buffer):
+        STMT_PRINTERS[DeclBuffer](p, s)
+        return
+    (count,) = s.buffer.shape
+    first = sum(int(b.shape[0].value) for b in p.tiles)
+    if first + count.value > TILE_REGISTERS:
+        raise IRError(f"tile buffer {s.buffer.name} needs {count.value} tile registers past "
+                      f"the {first} taken; the CPU has {TILE_REGISTERS}")
+    p.tiles[s.buffer] = first
+
+
+def _address(p: CpuPrinter, load: Load) -> str:
+    return "&" + p.element(load.buffer, load.indices, 1, store=False)[0]
+
+
+def _store(p: CpuPrinter, s: Store) -> None:
+    """Stores into a tile: a zero, a tile loaded from memory, a tile product of tiles;
+    a tile stored to memory. Every other store is C's."""
+    if isinstance(s.value, Load) and _is_tile(s.value.buffer) and not _is_tile(s.buffer):
+        number = _tile_number(p, s.value)
+        p.emit(f"_tile_stored({number}, {_address(p, Load(s.buffer, s.indices))}, "
+               f"{TILE_ROW_BYTES});")
+        return
+    if not _is_tile(s.buffer):
+        STMT_PRINTERS[Store](p, s)
+        return
+    number, value = _tile_number(p, Load(s.buffer, s.indices)), s.value
+    p.prelude.include(INTRINSICS)
+    if isinstance(value, Broadcast) and isinstance(value.value, Const) and value.value.value == 0:
+        p.emit(f"_tile_zero({number});")
+    elif isinstance(value, Load) and not _is_tile(value.buffer):
+        p.emit(f"_tile_loadd({number}, {_address(p, value)}, {TILE_ROW_BYTES});")
+    elif isinstance(value, Call) and value.func == "tile_dot_u8s8" \
+            and all(isinstance(a, Load) and _is_tile(a.buffer) for a in value.args) \
+            and _tile_number(p, value.args[0]) == number:
+        a, b = (_tile_number(p, x) for x in value.args[1:])
+        p.emit(f"_tile_dpbusd({number}, {a}, {b});")
+    else:
+        raise IRError(f"store into tile {s.buffer.name}: the value must be zero, a load from "
+                      f"memory or tile_dot_u8s8 of that tile and two others, got {value}")
+
+
+def _cast(p: CpuPrinter, e: Cast):
+    """A word of four consecutive bytes (how gemm.words packs a factor: byte j shifted by
+    8 j) as one unaligned 32-bit load, which gcc vectorises as a copy: assembled byte by
+    byte it took four loads and a shuffle per byte, a quarter of a 1024^3 int8 product's
+    time. Every other cast is C's."""
+    first = _byte_word(e.value) if e.dtype in (dtypes.int32, dtypes.uint32) else None
+    if first is None:
+        return EXPR_PRINTERS[Cast](p, e)
+    helper = p.prelude.word_load()
+    return p.call(helper, _address(p, first)) if e.dtype == dtypes.uint32 \
+        else (f"(int32_t){helper}({_address(p, first)})", UNARY)
+
+
+def _byte_word(e: Expr) -> Load | None:
+    """The load of byte 0 where ``e`` is bytes j of one buffer at consecutive addresses,
+    each zero-extended to uint32 and shifted by 8 j, or-ed together; else None."""
+    terms, loads = [e], {}
+    while terms:
+        term = terms.pop()
+        if isinstance(term, Binary) and term.op == "|":
+            terms += [term.a, term.b]
+            continue
+        shift = 0
+        if isinstance(term, Binary) and term.op == "<<" and isinstance(term.b, Const):
+            term, shift = term.a, term.b.value
+        masked = isinstance(term, Binary) and term.op == "&" and isinstance(term.b, Const) \
+            and term.b.value == 255
+        term = term.a if masked else term
+        if not (isinstance(term, Cast) and term.dtype == dtypes.uint32
+                and isinstance(term.value, Load) and term.value.lanes == 1
+                and term.value.dtype in (dtypes.uint8, dtypes.int8) and shift not in loads
+                and (masked or term.value.dtype == dtypes.uint8)):  # int8 sign-extends
+            return None
+        loads[shift] = term.value
+    if sorted(loads) != [0, 8, 16, 24]:
+        return None
+    first = loads[0]
+    for shift, load in loads.items():
+        step = simplify_expr(load.indices[-1] - first.indices[-1])
+        if not (load.buffer is first.buffer and load.indices[:-1] == first.indices[:-1]
+                and isinstance(step, Const) and step.value == shift // 8):
+            return None
+    return first
 
 
 # Reduction -> OpenMP reduction-identifier, for the Accumulates of a vectorize loop.
@@ -310,8 +436,11 @@ def _vectorize(p: CpuPrinter, s: For) -> None:
 
 class CpuPrinter(CPrinter):
     CALL_PRINTERS = {**CALL_PRINTERS, "fma": _fma, "prefetch": _prefetch,
-                     "dot_u8s8": _dot_u8s8, "dot_s16": _dot_s16}
-    STMT_PRINTERS = {**STMT_PRINTERS, Accumulate: _accumulate}
+                     "dot_u8s8": _dot_u8s8, "dot_s16": _dot_s16, "tile_begin": _tile_begin,
+                     "tile_end": _tile_end, "tile_dot_u8s8": _tile_value}
+    STMT_PRINTERS = {**STMT_PRINTERS, Accumulate: _accumulate, DeclBuffer: _decl_buffer,
+                     Store: _store}
+    EXPR_PRINTERS = {**EXPR_PRINTERS, Cast: _cast}
     LOOP_PRINTERS = {**LOOP_PRINTERS, "vectorize": _vectorize, "parallel": _parallel_for}
     PREAMBLE = THREADS
     STACK_ALIGNMENT = 64  # bytes of one AVX-512 register, a cache line
@@ -319,6 +448,13 @@ class CpuPrinter(CPrinter):
     def __init__(self, func: Function, prelude):
         super().__init__(func, prelude)
         self.nan_flags: dict[Buffer, str] = {}  # of the enclosing simd loop (_nan_flags)
+        self.tiles: dict[Buffer, int] = {}  # tile buffer -> its first tile register
+
+    def block(self, s) -> None:
+        """A block's tile buffers free their registers at its end."""
+        tiles = dict(self.tiles)
+        super().block(s)
+        self.tiles = tiles
 
 
 def generate(functions: Sequence[Function]) -> str:

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from treadle.errors import UnsupportedOpError
-from treadle.ir.dtypes import DataType
+from treadle.ir.dtypes import DataType, int32, vector
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,23 @@ def _dot_s16(acc, a, b):
     return (acc + products.reshape(*acc.shape, 2).sum(-1)).astype(np.int32)
 
 
+# AMX's tiles as the IR holds them: 16 rows of 16 int32 words, one row after the other.
+TILE_ROWS = TILE_WORDS = 16
+TILE = vector(int32, TILE_ROWS * TILE_WORDS)
+
+
+def _tile_dot_u8s8(acc, a, b):
+    """acc plus a times b on tiles (AMX's tdpbusd, wrapping as it does): acc[m, n] plus,
+    for every k < 16, the products of the four unsigned bytes of word a[m, k] with the
+    four signed bytes of word b[k, n] (B's rows are words of four consecutive K positions,
+    the layout of words.py)."""
+    acc, a, b = (np.ascontiguousarray(v, np.int32) for v in (acc, a, b))
+    left = a.view(np.uint8).reshape(TILE_ROWS, 4 * TILE_WORDS).astype(np.int64)
+    right = b.view(np.int8).reshape(TILE_WORDS, TILE_WORDS, 4).transpose(0, 2, 1)
+    products = left @ right.reshape(4 * TILE_WORDS, TILE_WORDS).astype(np.int64)
+    return (acc.reshape(TILE_ROWS, TILE_WORDS) + products).astype(np.int32).reshape(acc.shape)
+
+
 def _warp_only(*args):
     raise UnsupportedOpError("shfl_xor exchanges values between the threads of a GPU warp; "
                              "it runs on CUDA and in the CUDA simulator only")
@@ -88,6 +105,14 @@ PRIMITIVES = {p.name: p for p in (
     # Integer products of packed lanes (see _dot_u8s8, _dot_s16): acc, a, b of int32 type.
     Primitive("dot_u8s8", 3, _dot_u8s8),
     Primitive("dot_s16", 3, _dot_s16),
+    # Tiles (int32 vectors of TILE_ROWS x TILE_WORDS lanes), which the CPU backend keeps in
+    # AMX's tile registers: see _tile_dot_u8s8. A thread configures its tile registers,
+    # every one ``rows`` rows of 64 bytes, before it uses them (tile_begin: 0 where it
+    # may, -1 where the operating system refuses) and releases them after (tile_end);
+    # neither changes a value.
+    Primitive("tile_dot_u8s8", 3, _tile_dot_u8s8),
+    Primitive("tile_begin", 1, lambda rows: np.zeros_like(rows)),
+    Primitive("tile_end", 1, lambda x: np.zeros_like(x)),
     Primitive("reduce_add", 1, lambda v: np.sum(v, dtype=v.dtype), "scalar"),
     Primitive("reduce_max", 1, np.max, "scalar"),
     Primitive("reduce_min", 1, np.min, "scalar"),

@@ -6,7 +6,10 @@ say, conservative defaults for an AVX2 x86-64 core stand in.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
+import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -20,12 +23,18 @@ if TYPE_CHECKING:
 # vectors of 256 bits (AVX2 + FMA) everywhere; AVX-512VL adds 16 registers for them, room
 # for larger register tiles, and AVX-512F lets a register tile hold 16 floats of a row in
 # one 512-bit register. AVX-512BW and the VNNI extensions serve integer products (see
-# int8_dot). Kernels are built on the machine that runs them (a saved model records the
-# features it was built for and refuses to load without them).
+# int8_dot), and AMX's tiles those of activations by constant weights, where Linux lets
+# the process use tile data (int8_tiles). Kernels are built on the machine that runs them
+# (a saved model records the features it was built for and refuses to load without them).
 SUPPORTED_FEATURES = ("avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512_vnni",
-                      "avx_vnni")
+                      "avx_vnni", "amx_tile", "amx_int8")
 # The compiler's name of a feature where /proc/cpuinfo spells it otherwise.
-COMPILER_FEATURES = {"avx512_vnni": "avx512vnni", "avx_vnni": "avxvnni"}
+COMPILER_FEATURES = {"avx512_vnni": "avx512vnni", "avx_vnni": "avxvnni",
+                     "amx_tile": "amx-tile", "amx_int8": "amx-int8"}
+TILE_FEATURES = ("amx_tile", "amx_int8")
+# Linux hands out AMX's tile data (8 KiB of state a thread) only on request:
+# arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), once for the whole process.
+SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
 EXTRA_REGISTERS_FEATURE = "avx512vl"
 WIDE_VECTORS_FEATURE = "avx512f"
 DEFAULT_CACHES = {1: 32 * 1024, 2: 512 * 1024, 3: 8 * 1024 * 1024}
@@ -76,6 +85,13 @@ class CpuTarget:
             return "avx512_vnni" in self.features
         return "avx_vnni" in self.features or {"avx512_vnni", "avx512vl"} <= set(self.features)
 
+    @property
+    def int8_tiles(self) -> bool:
+        """Whether products of unsigned by signed bytes may run on AMX's tiles (tdpbusd:
+        a 16 x 16 int32 tile plus the products of 16 x 64 bytes by 64 x 16, 16384
+        multiply-adds an instruction)."""
+        return set(TILE_FEATURES) <= set(self.features)
+
     def memory(self) -> MemoryHierarchy:
         """The host's probed hierarchy (``target.memory``); another CPU's defaults."""
         from treadle.target.memory import defaults, memory_hierarchy  # it imports this module
@@ -121,9 +137,33 @@ def _cache_sizes() -> dict[int, int]:
     return sizes
 
 
+def _tile_data_permitted() -> str | None:
+    """Asks Linux for AMX tile data for this process; None where it granted it, else why
+    not (generated kernels ask again, see backend.c_prelude, for a process that never
+    probed the host)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0:
+        return None
+    return os.strerror(ctypes.get_errno())
+
+
+def _usable_tiles(flags: set[str]) -> set[str]:
+    """``flags`` less AMX's where the process may not use tile data, with a warning that
+    says why: integer products then run on VNNI."""
+    if not set(TILE_FEATURES) <= flags:
+        return flags
+    refused = _tile_data_permitted()
+    if refused is None:
+        return flags
+    warnings.warn(f"the CPU has AMX but Linux refused this process its tile data "
+                  f"(arch_prctl ARCH_REQ_XCOMP_PERM: {refused}); integer products run on "
+                  "VNNI instead", RuntimeWarning, stacklevel=3)
+    return flags - set(TILE_FEATURES)
+
+
 @functools.lru_cache(maxsize=None)
 def host() -> CpuTarget:
-    flags = _cpu_flags()
+    flags = _usable_tiles(_cpu_flags())
     caches = _cache_sizes()
     features = tuple(f for f in SUPPORTED_FEATURES if f in flags)
     registers = 32 if EXTRA_REGISTERS_FEATURE in features else 16

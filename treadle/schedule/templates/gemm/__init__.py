@@ -7,7 +7,8 @@ template protocol (``schedule.template``):
     construction.py  construction: the tiling problem, a state's config, the latency model
     config.py        check: the rules every config keeps
     resolve.py       resolve: the config fitted to the problem, once
-    program.py       emit: the program, from packing.py and micro_kernel.py
+    program.py       emit: the program, from packing.py and micro_kernel.py, or tiles.py
+                     (integer products on AMX's tiles)
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from treadle.schedule.templates.gemm.pattern import (ROLES, GemmPattern, left_va
 from treadle.schedule.templates.gemm.program import emit
 from treadle.schedule.templates.gemm.resolve import ResolvedGemm, resolve, sized_config
 from treadle.schedule.templates.gemm.space import gemm_space
+from treadle.schedule.templates.gemm.tiles import tile_space
+from treadle.schedule.templates.gemm.words import tiled
 from treadle.schedule.templates.thresholds import MIN_GEMM_COLUMNS
 from treadle.schedule.templates.window_cpu import sliding_window
 from treadle.schedule.tiling import State, TilingProblem
@@ -61,10 +64,10 @@ class GemmTemplate:
                        inputs=tuple(op.input_buffers), checks=tuple(op.checks))
 
     def space(self, pattern: GemmPattern, level: int, target: CpuTarget) -> list[GemmConfig]:
-        return gemm_space(level, target)
+        return tile_space(level) if tiled(pattern, target) else gemm_space(level, target)
 
     def check(self, pattern: GemmPattern, config: GemmConfig, target: CpuTarget) -> None:
-        check_config(config, target)
+        check_config(config, target, tiled(pattern, target))
 
     def resolve(self, pattern: GemmPattern, config: GemmConfig, target: CpuTarget
                 ) -> ResolvedGemm:
@@ -90,7 +93,9 @@ class GemmTemplate:
 
     def layout_key(self, resolved: ResolvedGemm):
         """What the layout of constant operands depends on: variants of one kernel share it."""
-        return resolved.cfg.micro_n if resolved.panels is not None else None
+        if resolved.panels is None:
+            return None
+        return "tiles" if resolved.tiled else resolved.cfg.micro_n
 
     def workload(self, pattern: GemmPattern) -> str:
         return gemm_workload(pattern)

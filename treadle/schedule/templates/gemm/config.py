@@ -36,14 +36,17 @@ def registers_needed(micro_m: int, micro_n: int, target: CpuTarget) -> int:
     return micro_m * vectors + vectors + 1
 
 
-def check_config(cfg: GemmConfig, target: CpuTarget) -> None:
+def check_config(cfg: GemmConfig, target: CpuTarget, tiles: bool = False) -> None:
     """Raises ScheduleConfigError, naming the rule, for a config the template cannot
-    generate on ``target``."""
+    generate on ``target``. On ``tiles`` (AMX, see tiles.py) any positive sizes serve:
+    resolution fits them to the tiles' register tile."""
     bad = [f"{f.name}={getattr(cfg, f.name)!r}" for f in fields(cfg)
            if not (type(getattr(cfg, f.name)) is int and getattr(cfg, f.name) >= 1)]
     if bad:
         raise ScheduleConfigError(f"{cfg}: every size must be a positive integer, got "
                                   f"{', '.join(bad)}")
+    if tiles:
+        return
     lanes = target.lanes(ELEMENT_BYTES)
     if cfg.micro_n % lanes:
         raise ScheduleConfigError(f"{cfg}: micro_n={cfg.micro_n} is not a multiple of {lanes} "

@@ -27,12 +27,16 @@ from treadle.ir.mapping import spatial, unravel
 from treadle.schedule.kernel import Kernel
 from treadle.schedule.rules import canonical_kernel
 from treadle.schedule.templates.gemm.micro_kernel import Slice, register_tile, spill
-from treadle.schedule.templates.gemm.packing import (MacroTile, k_block, k_walk, pack_left,
-                                                     pack_right, pack_whole_left,
+from treadle.schedule.templates.gemm.packing import (KBlock, MacroTile, k_block, k_walk,
+                                                     pack_left, pack_right, pack_whole_left,
                                                      whole_left_buffer)
 from treadle.schedule.templates.gemm.pattern import (declare_parameters, right_row,
                                                      static_max, static_min)
 from treadle.schedule.templates.gemm.resolve import ResolvedGemm, worker_groups
+from treadle.schedule.templates.gemm.tiles import (TILE_ROWS, TILE_WORDS, TiledLeft,
+                                                   TilePanels, acc_offset, acc_size,
+                                                   begin_tiles, end_tiles, tile_index,
+                                                   tile_parts, tile_product)
 
 
 def emit(gemm: ResolvedGemm, name: str) -> Kernel:
@@ -57,10 +61,17 @@ def _whole_k(fb: FunctionBuilder, gemm: ResolvedGemm, out: Buffer, left: Buffer 
     if left is not None:
         pack_whole_left(fb, gemm, left)
     for t in fb.range(gemm.num_tiles, kind="parallel", name="tile"):
+        if gemm.tiled:
+            begin_tiles(fb)
         tile = MacroTile(fb, gemm, t)
-        acc = fb.buffer("acc", gemm.pattern.accumulator, [cfg.block_m, cfg.block_n])
+        acc = fb.buffer("acc", gemm.pattern.accumulator,
+                        [acc_size(cfg.block_m, cfg.block_n)] if gemm.tiled
+                        else [cfg.block_m, cfg.block_n])
+        store = _store_tile if gemm.tiled else _store_rows
         _accumulate(fb, gemm, tile, acc, (), 0, gemm.size("k"), left,
-                    lambda rows, p: _store_rows(fb, gemm, out, tile, rows, p))
+                    lambda *finished: store(fb, gemm, out, tile, *finished))
+        if gemm.tiled:
+            end_tiles(fb)
 
 
 def _store_rows(fb: FunctionBuilder, gemm: ResolvedGemm, out: Buffer, tile: MacroTile, rows: Buffer,
@@ -137,15 +148,23 @@ def _accumulate(fb: FunctionBuilder, gemm: ResolvedGemm, tile: MacroTile, acc: B
     A factor that only one register tile reads per K block (the macro-tile is a single
     micro-panel wide in the other factor's direction: GEMV, tall-skinny shapes) is read in
     place instead, as packing it would cost as much as the products. ``left``, when
-    given, holds the left factor already packed for every K block (pack_whole_left)."""
+    given, holds the left factor already packed for every K block (pack_whole_left).
+    On AMX's tiles (gemm.tiled) each K block is _tile_block's, and ``finish(sums, p, q)``
+    takes each register tile's sums."""
     cfg = gemm.cfg
     mr, nr = cfg.micro_m, cfg.micro_n
     left_in_place, right_in_place = gemm.in_place
     blocks = static_max(ceil_div(k_len, cfg.block_k), 1)
-    rows = None if finish is None else fb.buffer("rows", gemm.pattern.accumulator,
-                                                 [mr, cfg.block_n])
+    rows = None if finish is None or gemm.tiled else fb.buffer(
+        "rows", gemm.pattern.accumulator, [mr, cfg.block_n])
     for kb in fb.range(blocks, name="kb"):
         block = k_block(fb, gemm, kb, k_begin, k_len)
+        if gemm.tiled:
+            a_pack = (pack_left(fb, gemm, tile, block) if left is None
+                      else TiledLeft(Slice(left, kb)))
+            _tile_block(fb, gemm, tile, acc, (eq(kb, 0), eq(kb, blocks - 1)), block, a_pack,
+                        finish)
+            continue
         if left is not None:
             a_pack = Slice(left, kb)
         else:
@@ -178,6 +197,42 @@ def _accumulate(fb: FunctionBuilder, gemm: ResolvedGemm, tile: MacroTile, acc: B
             if rows is not None:
                 with fb.if_(eq(kb, blocks - 1)):
                     finish(rows, p)
+
+
+def _tile_block(fb: FunctionBuilder, gemm: ResolvedGemm, tile: MacroTile, acc: Buffer,
+                ends: tuple, block: KBlock, a_pack: TiledLeft,
+                finish: Callable[[Buffer, Expr, Expr], None] | None) -> None:
+    """_accumulate's K block on AMX's tiles (K is never split there: tiles.tile_config):
+    ends = (first, last K block); the sums between K blocks in acc (tiles.acc_size), B's
+    tiles from the laid-out panels. With ``finish``, the last K block hands each register
+    tile's sums (tiles.tile_index's order) to ``finish(sums, p, q)``."""
+    first, last = ends
+    mr, nr = gemm.cfg.micro_m, gemm.cfg.micro_n
+    b_pack = TilePanels(gemm.panels.buffer, tile.col0 // TILE_WORDS, block.k0)
+    for p in fb.range(ceil_div(tile.rows, mr), name="p"):
+        for q in fb.range(ceil_div(tile.cols, nr), name="q"):
+            done = None if finish is None else (
+                last, lambda sums, p=p, q=q: finish(sums, p, q))
+            tile_product(fb, acc, acc_offset(p, q, gemm.cfg.block_n), first, block.depth,
+                         a_pack, b_pack, p, q, done)
+
+
+def _store_tile(fb: FunctionBuilder, gemm: ResolvedGemm, out: Buffer, tile: MacroTile,
+                sums: Buffer, p, q) -> None:
+    """Stores register tile (p, q)'s finished sums from the tiles' scratch (tiles.py's
+    order) through the epilogue, a C tile's row of 16 columns at a time: no round trip
+    through a buffer of rows, whose copy cost the tiles as much as a tenth of their
+    time."""
+    for (i, j), rows, cols in tile_parts(p, q, tile.rows, tile.cols):
+        for r in fb.range(rows, name="r"):
+            m = gemm.coords(fb, "m", tile.row0 + p * gemm.cfg.micro_m + i * TILE_ROWS + r)
+            col = q * gemm.cfg.micro_n + j * TILE_WORDS
+            with fb.if_(cols >= TILE_WORDS):  # whole rows: a loop of constant length
+                for w in fb.range(TILE_WORDS, kind="vectorize", name="w"):
+                    _store(fb, gemm, out, tile, m, col + w, sums[tile_index(i, j, r, w)])
+            with fb.else_():
+                for w in fb.range(cols, kind="vectorize", name="w"):
+                    _store(fb, gemm, out, tile, m, col + w, sums[tile_index(i, j, r, w)])
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from treadle.errors import ScheduleConfigError
 from treadle.ir.builder import FunctionBuilder
 from treadle.ir.compute import Compute, compute
 from treadle.ir.dtypes import int32
-from treadle.ir.expr import Load, Var, ceil_div, maximum, minimum
+from treadle.ir.expr import Load, Var, ceil_div, maximum, minimum, select
 from treadle.ir.functor import substitute, walk
 from treadle.ir.mapping import unravel
 from treadle.schedule.templates.gemm.config import (ELEMENT_BYTES, GemmConfig, check_config,
@@ -31,7 +31,8 @@ from treadle.schedule.templates.gemm.micro_kernel import RegisterTile
 from treadle.schedule.templates.gemm.pattern import (ROLES, GemmPattern, plain_left,
                                                      product, right_row, role_extents,
                                                      round_up, static)
-from treadle.schedule.templates.gemm.words import in_words, words_for
+from treadle.schedule.templates.gemm.tiles import K_STEP, MICRO_N, TILE_WORDS, tile_config
+from treadle.schedule.templates.gemm.words import TILES, in_words, tiled, words_for
 from treadle.schedule.tiling import known
 from treadle.target.cpu import CpuTarget
 
@@ -64,6 +65,11 @@ class ResolvedGemm:
     @property
     def config(self) -> GemmConfig:
         return self.cfg
+
+    @property
+    def tiled(self) -> bool:
+        """Whether the register tile is AMX's tiles (see tiles.py)."""
+        return self.pattern.words == TILES
 
     @property
     def register_tile(self) -> RegisterTile:
@@ -119,6 +125,8 @@ class ResolvedGemm:
         pixels, a group's cache line of each, wait on memory between multiply-adds, where
         packing streams them (RegNet's first grouped layer, 3.3 MB, 1.2x slower)."""
         cfg = self.cfg
+        if self.tiled:  # tile loads read A packed and B laid out
+            return False, False
         return (cfg.block_n == cfg.micro_n and plain_left(self.pattern)
                 or self._window_in_place,
                 cfg.block_m == cfg.micro_m and self.panels is None
@@ -169,7 +177,10 @@ def _fitted(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget, env: Mappi
             roles: Sequence[str] = ROLES) -> ResolvedGemm:
     """The clamp, stream and balance chain, on the sizes the symbols take in ``env`` in
     the sizes of ``roles`` (a symbol missing from it leaves its sizes untouched)."""
-    check_config(cfg, target)
+    tiles = tiled(pattern, target)
+    check_config(cfg, target, tiles)
+    fit = tile_config if tiles else (lambda config: config)
+    cfg = fit(cfg)
     if pattern.accumulator == int32 and pattern.words is None:
         pattern = in_words(pattern, words_for(pattern, register_lanes(cfg, target), target))
     threads = target.cores
@@ -181,12 +192,15 @@ def _fitted(pattern: GemmPattern, cfg: GemmConfig, target: CpuTarget, env: Mappi
     if cached_left and window_taps(extents["k"]):
         cfg = _wide_window_tile(cfg, N, target)
     workers = threads if cfg.split_k == 1 else worker_groups(cfg, threads)
-    panels = panel_layout(pattern, cfg.micro_n) if pattern.constant_right else None
+    panels = None
+    if pattern.constant_right:
+        panels = tile_panel_layout(pattern) if tiles else panel_layout(pattern, cfg.micro_n)
 
     def fitted(config: GemmConfig) -> ResolvedGemm:
+        config = fit(config)
         return ResolvedGemm(pattern, config, threads, register_lanes(config, target),
                             cached_left=cached_left, extents=extents, panels=panels)
-    clamped = _clamped(cfg, M, N, K)
+    clamped = fit(_clamped(cfg, M, N, K))
     if fitted(clamped).in_place[1]:
         clamped = _streaming(clamped, M, N, K)
     elif panels is not None:
@@ -460,12 +474,31 @@ def panel_layout(pattern: GemmPattern, nr: int) -> Compute:
     """The constant right factor as [ceil(N / nr), K, nr]: a register tile's micro-panel
     is one contiguous stretch, read in K order as packing would lay it out. Columns past
     N repeat the last one (their sums are never stored)."""
-    extents = role_extents(pattern)
-    c, N, K = pattern.compute, product(extents["n"]), product(extents["k"])
+    N, K = (product(role_extents(pattern)[r]) for r in ("n", "k"))
+    return compute("panels", [ceil_div(N, nr), K, nr],
+                   lambda q, k, r: _right_at(pattern, q * nr + r, k))
 
-    def element(q, k, r):
-        n = unravel(minimum(q * nr + r, N - 1), extents["n"])
-        coords = {**dict(zip(pattern.n_axes, n)),
-                  **dict(zip(c.reduce_axes, unravel(k, extents["k"])))}
-        return pattern.element(substitute(pattern.right, coords))
-    return compute("panels", [ceil_div(N, nr), K, nr], element)
+
+@functools.lru_cache(maxsize=256)
+def tile_panel_layout(pattern: GemmPattern) -> Compute:
+    """The constant right factor as tiles.py's tile loads read it: [column tiles, K words
+    x 16], a tile of 16 columns' K words one word-row after the other, K zero-padded to
+    whole K steps and the columns to whole micro tiles (two column tiles)."""
+    N, K = (product(role_extents(pattern)[r]) for r in ("n", "k"))
+    tiles = ceil_div(N, MICRO_N) * (MICRO_N // TILE_WORDS)
+    k_words = max(ceil_div(K, K_STEP), 1) * K_STEP
+
+    def element(q, f):
+        k = f // TILE_WORDS
+        value = _right_at(pattern, q * TILE_WORDS + f % TILE_WORDS, minimum(k, K - 1))
+        return select(k < K, value, 0)
+    return compute("panels", [tiles, k_words * TILE_WORDS], element)
+
+
+def _right_at(pattern: GemmPattern, column, k):
+    """The right factor at flat column ``column`` (past N: the last) and K position k."""
+    extents = role_extents(pattern)
+    n = unravel(minimum(column, product(extents["n"]) - 1), extents["n"])
+    coords = {**dict(zip(pattern.n_axes, n)),
+              **dict(zip(pattern.compute.reduce_axes, unravel(k, extents["k"])))}
+    return pattern.element(substitute(pattern.right, coords))

@@ -9,7 +9,9 @@ template sees the innermost K axis in words of ``group`` positions: each factor 
 an int32 expression packing ``group`` of its elements (the last word zero-padded), the
 K axis ``ceil(K / group)`` words long, and the register tile's multiply-add the
 instruction's. Everything else (blocks, packing, the panels laid out at compile time, the
-epilogue) is the float32 program's over 4-byte elements.
+epilogue) is the float32 program's over 4-byte elements. Where the CPU has AMX and the
+right factor is constant, the register tile is made of tiles instead (tiles.py): the
+same words, ``tdpbusd`` multiplying 16 x 16 of them by 16 x 16 at once.
 """
 from __future__ import annotations
 
@@ -37,17 +39,33 @@ class Words:
 
 BYTES = Words(WORD_BYTES, "dot_u8s8")
 HALVES = Words(2, "dot_s16")
+TILES = Words(WORD_BYTES, "tile_dot_u8s8")
 
 
 def words_for(pattern: GemmPattern, lanes: int, target: CpuTarget) -> Words:
-    """Bytes where the CPU multiplies unsigned bytes of A by signed bytes of B in one
-    instruction (VNNI) and the factors are those; 16-bit halves otherwise, which hold
-    either signedness exactly."""
-    unsigned_left = byte_factor(pattern.left).dtype == uint8
-    signed_right = byte_factor(pattern.right).dtype == int8
-    if unsigned_left and signed_right and target.int8_dot(lanes):
+    """Tiles where ``tiled``; bytes where the CPU multiplies unsigned bytes of A by signed
+    bytes of B in one instruction (VNNI) and the factors are those; 16-bit halves
+    otherwise, which hold either signedness exactly."""
+    if tiled(pattern, target):
+        return TILES
+    if _unsigned_by_signed(pattern) and target.int8_dot(lanes):
         return BYTES
     return HALVES
+
+
+def tiled(pattern: GemmPattern, target: CpuTarget) -> bool:
+    """Whether the product runs on AMX's tiles: unsigned bytes of A by signed bytes of a
+    constant B (laid out in tile order when compiling; products of two activations keep
+    the vector register tile), on a target with AMX."""
+    if pattern.words is not None:
+        return pattern.words == TILES
+    return (pattern.accumulator == int32 and pattern.constant_right and target.int8_tiles
+            and _unsigned_by_signed(pattern))
+
+
+def _unsigned_by_signed(pattern: GemmPattern) -> bool:
+    return (byte_factor(pattern.left).dtype == uint8
+            and byte_factor(pattern.right).dtype == int8)
 
 
 @functools.lru_cache(maxsize=256)  # resolved against every point of a space

@@ -1,5 +1,6 @@
 """channels_last: convolutions and pools run N x spatial x C, the transposes between
 consecutive layers cancel, and the network still matches ONNX Runtime."""
+import numpy as np
 import pytest
 from onnx import helper
 
@@ -100,6 +101,37 @@ def test_non_constant_broadcast_operand_keeps_the_transpose():
     feeds = {"x": random_array((1, 4, 5, 7), seed=2), "s": random_array((8, 1, 1), seed=3)}
     assert_close(compile_graph(from_onnx(model))(**feeds)[0],
                  run_onnxruntime(model, feeds)[0], reduction=4)
+
+
+@pytest.mark.parametrize("batch,channels,side", [(1, 16, 7), (2, 24, 5), (1, 17, 13)])
+def test_channel_attention_scales_the_map_channels_last(batch, channels, side):
+    """ECA's attention, sigmoid(1-D convolution over the pooled channels), scales the
+    convolution's map: the scale's N x C x 1 x 1 values are transposed, not the map, and
+    the product stays channels-last between the convolutions."""
+    nodes = [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             node("GlobalAveragePool", ["c"], ["pooled"]),
+             node("Squeeze", ["pooled", "last_two"], ["squeezed"]),
+             node("Unsqueeze", ["squeezed", "second"], ["row"]),
+             node("Conv", ["row", "w_eca"], ["mixed"], pads=[2, 2]),
+             node("Squeeze", ["mixed", "second"], ["flat"]),
+             node("Unsqueeze", ["flat", "last_two"], ["scale_map"]),
+             node("Sigmoid", ["scale_map"], ["gate"]),
+             node("Mul", ["c", "gate"], ["scaled"]),
+             node("Conv", ["scaled", "w2"], ["y"])]
+    weights = {"w": random_array((channels, 8, 3, 3), seed=1),
+               "w_eca": random_array((1, 1, 5), seed=2),
+               "w2": random_array((16, channels, 1, 1), seed=3),
+               "last_two": np.array([2, 3], np.int64), "second": np.array([1], np.int64)}
+    model = make_model(nodes, [tensor("x", [batch, 8, side, side])], [tensor("y", None)],
+                       weights)
+    graph = optimize(from_onnx(model))
+    mul = next(n for n in graph.nodes if n.op_type == "Mul")
+    big, gate = sorted(mul.inputs, key=lambda t: -len([d for d in t.shape if d != 1]))
+    assert big.producer.op_type != "Transpose" and big.shape[-1] == channels
+    assert gate.producer.op_type == "Transpose" and list(gate.shape) == [batch, 1, 1, channels]
+    x = random_array((batch, 8, side, side), seed=4)
+    assert_close(compile_graph(from_onnx(model))(x)[0], run_onnxruntime(model, {"x": x})[0],
+                 reduction=72 * channels)
 
 
 def test_other_transposes_stay_where_the_model_put_them():

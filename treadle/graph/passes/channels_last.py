@@ -221,7 +221,8 @@ def _inverse(perm: Sequence[int]) -> list[int]:
 def _sink_elementwise(node: Operator, inputs: list) -> Optional[Sequence[Tensor]]:
     """op(transpose(a), transpose(b), c) = transpose(op(a, b, c')), where every transposed
     operand has the output's rank and the same perm, and c' is a constant transposed
-    back (or an operand whose broadcast ignores the order of axes)."""
+    back, a per-channel operand transposed back, or an operand whose broadcast ignores the
+    order of axes."""
     found = [_back_to_first(t) for t in inputs]
     perms = {tuple(f[1]) for f in found if f is not None}
     rank = node.outputs[0].rank
@@ -241,6 +242,10 @@ def _sink_elementwise(node: Operator, inputs: list) -> Optional[Sequence[Tensor]
             full = t.data.reshape((1,) * (rank - t.rank) + t.data.shape)
             operands.append(constant(np.ascontiguousarray(full.transpose(inverse)),
                                      f"{t.name}/transposed", t.dtype))
+        elif _per_channel(t, rank):
+            # A channel attention's weights (squeeze-and-excitation, ECA): N x C values,
+            # cheap to transpose, where the product over the whole map stays channels-last.
+            operands.append(_transpose(t, inverse, f"{t.name}/to_last"))
         else:
             return None
     y = apply(node.op_type, operands, node.attrs, node.name)[0]
@@ -252,6 +257,11 @@ def _per_tensor_quantize(node: Operator) -> bool:
     tensor, element-wise as any map (a quantised model's activations between layers)."""
     return node.op_type in ("QuantizeLinear", "DequantizeLinear") \
         and all(t is None or _order_free(t) for t in node.inputs[1:])
+
+
+def _per_channel(t: Tensor, rank: int) -> bool:
+    """Whether ``t`` is N x C x 1 x ... x 1 at ``rank``: one value per image and channel."""
+    return t.rank == rank >= 3 and all(isinstance(d, int) and d == 1 for d in t.shape[2:])
 
 
 def _order_free(t: Tensor) -> bool:

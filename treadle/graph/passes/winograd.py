@@ -73,7 +73,8 @@ def _tile(x: Tensor, weight: Optional[Tensor], attrs: dict) -> Optional[int]:
             or not weight.is_constant or weight.dtype != float32):
         return None
     kh, kw, channels, filters = weight.shape
-    if not (plain_convolution(attrs) and (kh, kw) == (3, 3) and filters % PANEL == 0 and channels <= MAX_CHANNELS):
+    if not (plain_convolution(attrs) and (kh, kw) == (3, 3) and filters % PANEL == 0
+            and channels <= MAX_CHANNELS):
         return None
     batch, height, width, _ = (normalize_dim(d) for d in x.shape)
     if not isinstance(height, int) or not isinstance(width, int):

@@ -227,12 +227,14 @@ def _store_tile(fb: FunctionBuilder, gemm: ResolvedGemm, out: Buffer, tile: Macr
         for r in fb.range(rows, name="r"):
             m = gemm.coords(fb, "m", tile.row0 + p * gemm.cfg.micro_m + i * TILE_ROWS + r)
             col = q * gemm.cfg.micro_n + j * TILE_WORDS
+
+            def store_row(count) -> None:
+                for w in fb.range(count, kind="vectorize", name="w"):
+                    _store(fb, gemm, out, tile, m, col + w, sums[tile_index(i, j, r, w)])
             with fb.if_(cols >= TILE_WORDS):  # whole rows: a loop of constant length
-                for w in fb.range(TILE_WORDS, kind="vectorize", name="w"):
-                    _store(fb, gemm, out, tile, m, col + w, sums[tile_index(i, j, r, w)])
+                store_row(TILE_WORDS)
             with fb.else_():
-                for w in fb.range(cols, kind="vectorize", name="w"):
-                    _store(fb, gemm, out, tile, m, col + w, sums[tile_index(i, j, r, w)])
+                store_row(cols)
 
 
 @dataclass(frozen=True)
